@@ -1,0 +1,9 @@
+"""pagedbatch's inference engine: paged KV cache, continuous batching, chunked prefill,
+prefix caching. Runs standalone: `from engine import LLM, SamplingParams`."""
+
+from engine.llm import LLM
+from engine.llm_engine import LLMEngine
+from engine.outputs import CompletionOutput, RequestOutput
+from engine.sampling_params import SamplingParams
+
+__all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput"]

@@ -1,0 +1,120 @@
+"""The paged KV pool: fixed-size blocks, reference counts, a free list, and prefix caching.
+
+A full block is identified by a chained hash: sha256(parent block's hash + its token ids),
+so equal hashes mean equal whole prefixes. A freed block keeps its hash and stays
+findable until it is handed out again; the free list is ordered so that the least
+recently freed blocks are reused first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+
+from engine.sequence import Sequence
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.block_hashes: list[bytes | None] = [None] * num_blocks
+        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self.cached: dict[bytes, int] = {}
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    def block_hash(self, seq: Sequence, index: int) -> bytes:
+        """Hash of the seq's full block `index`, memoised on the sequence."""
+        while len(seq.block_hashes) <= index:
+            i = len(seq.block_hashes)
+            parent = seq.block_hashes[i - 1] if i else b""
+            tokens = seq.token_ids[i * self.block_size : (i + 1) * self.block_size]
+            seq.block_hashes.append(hashlib.sha256(parent + array("q", tokens).tobytes()).digest())
+        return seq.block_hashes[index]
+
+    def match_prefix(self, seq: Sequence) -> list[int]:
+        """Cached blocks holding the longest prefix of `seq`, always leaving at least
+        one token to compute (its logits are needed to sample)."""
+        if not self.enable_prefix_caching:
+            return []
+        hits = []
+        for i in range(len(seq) // self.block_size):
+            block = self.cached.get(self.block_hash(seq, i))
+            if block is None:
+                break
+            hits.append(block)
+        if hits and len(hits) * self.block_size >= len(seq):
+            hits.pop()
+        return hits
+
+    def blocks_needed(self, seq: Sequence, num_tokens: int, hits: list[int] = ()) -> int:
+        """Free blocks consumed if `seq` (with prefix `hits`) must hold `num_tokens` tokens."""
+        revived = sum(1 for b in hits if self.ref_counts[b] == 0)
+        have = len(seq.block_table) or len(hits)
+        return revived + max(0, cdiv(num_tokens, self.block_size) - have)
+
+    def can_hold(self, seq: Sequence, num_tokens: int, hits: list[int] = ()) -> bool:
+        return self.blocks_needed(seq, num_tokens, hits) <= len(self.free)
+
+    def take_prefix(self, seq: Sequence, hits: list[int]) -> None:
+        """Give a fresh sequence the cached blocks of its prefix (shared, not copied)."""
+        assert not seq.block_table
+        for block in hits:
+            if self.ref_counts[block] == 0:
+                del self.free[block]
+            self.ref_counts[block] += 1
+        seq.block_table = list(hits)
+        seq.num_registered_blocks = len(hits)
+        seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
+
+    def grow(self, seq: Sequence, num_tokens: int) -> bool:
+        """Make `seq`'s block table hold `num_tokens` tokens; False if the pool is too dry."""
+        need = cdiv(num_tokens, self.block_size) - len(seq.block_table)
+        if need > len(self.free):
+            return False
+        for _ in range(need):
+            block, _ = self.free.popitem(last=False)
+            old = self.block_hashes[block]
+            if old is not None:
+                if self.cached.get(old) == block:
+                    del self.cached[old]
+                self.block_hashes[block] = None
+            self.ref_counts[block] = 1
+            seq.block_table.append(block)
+        return True
+
+    def release(self, seq: Sequence) -> None:
+        """Return the sequence's blocks; the tail goes back first so that prefixes,
+        which other requests are likelier to share, are evicted last."""
+        for block in reversed(seq.block_table):
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                self.free[block] = None
+        seq.block_table = []
+        seq.num_registered_blocks = 0
+        seq.num_computed_tokens = 0
+
+    def register_full_blocks(self, seq: Sequence) -> None:
+        """Make the seq's newly completed, computed blocks findable by their hash."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = seq.num_computed_tokens // self.block_size
+        for i in range(seq.num_registered_blocks, num_full):
+            block = seq.block_table[i]
+            if self.block_hashes[block] is not None:
+                continue
+            h = self.block_hash(seq, i)
+            if h not in self.cached:
+                self.cached[h] = block
+                self.block_hashes[block] = h
+        seq.num_registered_blocks = num_full

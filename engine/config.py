@@ -1,0 +1,187 @@
+"""Model and engine configuration."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+import torch
+
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+
+def resolve_model_path(model: str | Path) -> Path:
+    """A local directory as is; anything else is treated as a Hugging Face hub id."""
+    path = Path(model)
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ValueError(f"model path {model!r} is a file; expected a model directory")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(str(model), allow_patterns=["*.json", "*.safetensors", "*.jinja"]))
+    except Exception as exc:  # noqa: BLE001 - any hub failure becomes one clear error
+        raise ValueError(f"model {model!r} is not a local directory and could not be fetched: {exc}") from exc
+
+
+@dataclass
+class ModelConfig:
+    """The subset of a Hugging Face `config.json` the engine needs."""
+
+    path: Path
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    max_model_len: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    qk_norm: bool
+    eos_token_ids: list[int]
+    torch_dtype: str | None
+
+    @classmethod
+    def load(cls, model: str | Path, max_model_len: int | None = None) -> ModelConfig:
+        path = resolve_model_path(model)
+        config_file = path / "config.json"
+        if not config_file.exists():
+            raise ValueError(f"{path} has no config.json; is it a Hugging Face model directory?")
+        raw = json.loads(config_file.read_text())
+        return cls.from_dict(raw, path, max_model_len)
+
+    @classmethod
+    def from_dict(cls, raw: dict, path: Path, max_model_len: int | None = None) -> ModelConfig:
+        archs = raw.get("architectures") or []
+        arch = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            raise ValueError(
+                f"unsupported architecture {archs or raw.get('model_type')!r}; "
+                f"supported: {sorted(SUPPORTED_ARCHITECTURES)}"
+            )
+        if raw.get("mlp_bias"):
+            raise ValueError("models with mlp_bias=True are not supported")
+        if raw.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"unsupported activation {raw['hidden_act']!r}; only silu is supported")
+        num_heads = raw["num_attention_heads"]
+        hidden = raw["hidden_size"]
+        head_dim = raw.get("head_dim") or hidden // num_heads
+        rope = _rope_settings(raw)
+        context = raw.get("max_position_embeddings", 2048)
+        # A sliding window never matters if the context is no longer than the window.
+        window = raw.get("sliding_window") if raw.get("use_sliding_window", True) else None
+        if window:
+            context = min(context, window)
+        if max_model_len is not None:
+            if max_model_len > context:
+                raise ValueError(f"max_model_len={max_model_len} exceeds the model's context {context}")
+            context = max_model_len
+        eos = raw.get("eos_token_id")
+        eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        return cls(
+            path=path,
+            architecture=arch,
+            vocab_size=raw["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=raw["intermediate_size"],
+            num_layers=raw["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=raw.get("num_key_value_heads") or num_heads,
+            head_dim=head_dim,
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rope_theta=rope.pop("rope_theta"),
+            rope_scaling=rope or None,
+            max_model_len=context,
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            qkv_bias=arch == "qwen2" or bool(raw.get("attention_bias", False)),
+            o_bias=arch in ("llama", "mistral") and bool(raw.get("attention_bias", False)),
+            qk_norm=arch == "qwen3",
+            eos_token_ids=eos_ids,
+            torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+        )
+
+
+def _rope_settings(raw: dict) -> dict:
+    """rope_theta plus scaling, whether written as `rope_scaling` (transformers 4) or
+    `rope_parameters` (transformers 5). Returns {"rope_theta": ..., **scaling}."""
+    params = dict(raw.get("rope_parameters") or {})
+    scaling = raw.get("rope_scaling") or {}
+    merged = {**scaling, **params}
+    theta = merged.pop("rope_theta", raw.get("rope_theta", 10000.0))
+    kind = merged.pop("rope_type", merged.pop("type", "default"))
+    if kind not in ("default", "llama3"):
+        raise ValueError(f"unsupported rope scaling type {kind!r}; supported: default, llama3")
+    merged.pop("partial_rotary_factor", None)
+    return {"rope_theta": theta, **({"rope_type": kind, **merged} if kind != "default" else {})}
+
+
+@cache
+def model_limits(model: str) -> tuple[int, list[int]]:
+    """(max_model_len, eos ids) of a model directory without loading any weights."""
+    cfg = ModelConfig.load(model)
+    return cfg.max_model_len, cfg.eos_token_ids
+
+
+@dataclass
+class EngineConfig:
+    model: str
+    dtype: str = "auto"
+    device: str = "auto"
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.9
+    cpu_kv_cache_gb: float = 1.0
+    attention_backend: str = "auto"
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be >= 1")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError("num_kv_blocks must be >= 1")
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device, checkpoint_dtype: str | None) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if device.type == "cpu":
+            return torch.float32
+        if checkpoint_dtype in ("float16", "bfloat16"):
+            return getattr(torch, checkpoint_dtype)
+        return torch.bfloat16
+    names = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
+             "float16": torch.float16, "half": torch.float16}
+    if dtype not in names:
+        raise ValueError(f"unknown dtype {dtype!r}; expected auto, float32, bfloat16 or float16")
+    return names[dtype]

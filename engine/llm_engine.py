@@ -1,0 +1,239 @@
+"""The step-level engine: add requests, step, collect finished outputs (like vLLM's LLMEngine)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from engine.block_manager import BlockManager, cdiv
+from engine.config import EngineConfig, ModelConfig, resolve_device, resolve_dtype
+from engine.model_runner import ModelRunner
+from engine.outputs import CompletionOutput, RequestOutput
+from engine.sampler import Sampler
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+from engine.tokenizer import Detokenizer, encode_prompt, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+Prompt = str | dict
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence]
+
+
+class LLMEngine:
+    def __init__(self, model: str, **kwargs):
+        self.config = EngineConfig(model=str(model), **kwargs)
+        self.model_config = ModelConfig.load(model, self.config.max_model_len)
+        self.max_model_len = self.model_config.max_model_len
+        self.device = resolve_device(self.config.device)
+        self.dtype = resolve_dtype(self.config.dtype, self.device, self.model_config.torch_dtype)
+        torch.manual_seed(self.config.seed)
+        self.tokenizer = load_tokenizer(str(self.model_config.path))
+        self.eos_token_ids = self._eos_ids()
+        self.runner = ModelRunner(self.config, self.model_config, self.device, self.dtype)
+        self.block_manager = BlockManager(
+            self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens
+        )
+        self.sampler = Sampler(self.model_config.vocab_size, self.device, self.config.seed)
+        self.detokenizer = Detokenizer(self.tokenizer)
+        self.requests: dict[str, _Request] = {}
+        self._incoming: deque[_Request] = deque()
+        self._lock = threading.RLock()
+        self._seq_ids = itertools.count()
+        self.stats = {"steps": 0, "batched_seqs": 0, "tokens": 0, "preemptions": 0}
+
+    def _eos_ids(self) -> list[int]:
+        ids = set(self.model_config.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return sorted(ids)
+
+    # ---- requests ------------------------------------------------------------------
+
+    def tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, encode_prompt(self.tokenizer, prompt)
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            ids = prompt["prompt_token_ids"]
+            if not isinstance(ids, list | tuple) or not all(isinstance(t, int) for t in ids):
+                raise ValueError("prompt_token_ids must be a list of integers")
+            bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
+            if bad:
+                raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})")
+            return prompt.get("prompt"), list(ids)
+        if isinstance(prompt, dict) and "prompt" in prompt:
+            return self.tokenize(prompt["prompt"])
+        raise ValueError("a prompt is a string or a dict with 'prompt_token_ids'")
+
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise ValueError if the request can never be served."""
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise ValueError("the prompt is empty")
+        if n >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {n} tokens, which leaves no room to generate within the model's "
+                f"context of {self.max_model_len} tokens"
+            )
+        total = min(n + (params.max_tokens or self.max_model_len), self.max_model_len)
+        blocks = cdiv(total, self.config.block_size)
+        if blocks > self.block_manager.num_blocks:
+            raise ValueError(
+                f"the request needs {blocks} KV blocks ({total} tokens) but the pool has only "
+                f"{self.block_manager.num_blocks}"
+            )
+
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
+                    arrival_time: float | None = None) -> None:
+        """Queue a request; safe to call from any thread, also while another thread steps."""
+        params = params or SamplingParams()
+        params.validate()
+        text, ids = self.tokenize(prompt)
+        self.check_request(ids, params)
+        arrival = arrival_time or time.time()
+        seqs = [Sequence(next(self._seq_ids), request_id, i, ids, params, arrival) for i in range(params.n)]
+        with self._lock:
+            if request_id in self.requests or any(r.request_id == request_id for r in self._incoming):
+                raise ValueError(f"request id {request_id!r} is already in use")
+            self._incoming.append(_Request(request_id, text, ids, params, seqs))
+
+    def abort_request(self, request_id: str) -> bool:
+        """Drop a request now; its blocks return to the pool at once. False if unknown."""
+        with self._lock:
+            for req in list(self._incoming):
+                if req.request_id == request_id:
+                    self._incoming.remove(req)
+                    return True
+            req = self.requests.pop(request_id, None)
+            if req is None:
+                return False
+            for seq in req.seqs:
+                if not seq.is_finished:
+                    self.scheduler.finish(seq)
+            return True
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests or self._incoming)
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self.requests) + len(self._incoming)
+
+    # ---- stepping ------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduling step; returns the requests that finished in it."""
+        with self._lock:
+            while self._incoming:
+                req = self._incoming.popleft()
+                self.requests[req.request_id] = req
+                for seq in req.seqs:
+                    self.scheduler.add(seq)
+            batch = self.scheduler.schedule()
+            if not batch:
+                return []
+            logits = self.runner.execute(batch)
+            samplers = [s for s, n in zip(batch.seqs, batch.num_new_tokens) if s.num_computed_tokens + n == len(s)]
+            tokens, logprobs = self.sampler(logits, samplers, self.eos_token_ids) if samplers else ([], None)
+            for seq, n in zip(batch.seqs, batch.num_new_tokens):
+                seq.num_computed_tokens += n
+                self.block_manager.register_full_blocks(seq)
+            finished: list[RequestOutput] = []
+            for i, seq in enumerate(samplers):
+                seq.append_token(tokens[i])
+                if logprobs is not None and seq.logprobs is not None:
+                    seq.logprobs.append(logprobs[i])
+                self._check_stop(seq)
+                if seq.is_finished:
+                    output = self._request_done(seq)
+                    if output is not None:
+                        finished.append(output)
+            self.stats["steps"] += 1
+            self.stats["batched_seqs"] += len(batch.seqs)
+            self.stats["tokens"] += batch.num_tokens
+            self.stats["preemptions"] = self.scheduler.num_preemptions
+            return finished
+
+    def _check_stop(self, seq: Sequence) -> None:
+        p = seq.params
+        token = seq.token_ids[-1]
+        self.detokenizer.decode_new_text(seq)
+        reason = stop = None
+        if seq.num_output_tokens >= p.min_tokens:
+            if token in self.eos_token_ids and not p.ignore_eos:
+                reason, stop = "stop", None
+            elif token in p.stop_token_ids:
+                reason, stop = "stop", token
+            elif p.stop_strings:
+                stop = self._find_stop_string(seq)
+                reason = "stop" if stop else None
+        if reason is None and (
+            (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or len(seq) >= self.max_model_len
+        ):
+            reason = "length"
+        if reason is not None:
+            if stop is None or isinstance(stop, int):
+                self.detokenizer.flush(seq)
+            seq.finish_reason, seq.stop_reason = reason, stop
+            self.scheduler.finish(seq)
+
+    @staticmethod
+    def _find_stop_string(seq: Sequence) -> str | None:
+        """Trim the text at the earliest stop string; return it, or None."""
+        found = [(seq.output_text.find(s), s) for s in seq.params.stop_strings]
+        found = [(pos, s) for pos, s in found if pos >= 0]
+        if not found:
+            return None
+        pos, stop = min(found)
+        seq.output_text = seq.output_text[:pos]
+        return stop
+
+    def _request_done(self, seq: Sequence) -> RequestOutput | None:
+        req = self.requests.get(seq.request_id)
+        if req is None or not all(s.is_finished for s in req.seqs):
+            return None
+        del self.requests[seq.request_id]
+        return self._make_output(req)
+
+    @staticmethod
+    def _make_output(req: _Request) -> RequestOutput:
+        first = min((s.first_token_time for s in req.seqs if s.first_token_time), default=None)
+        return RequestOutput(
+            request_id=req.request_id,
+            prompt=req.prompt,
+            prompt_token_ids=req.prompt_token_ids,
+            outputs=[
+                CompletionOutput(
+                    index=s.index,
+                    text=s.output_text,
+                    token_ids=s.output_token_ids,
+                    finish_reason=s.finish_reason,
+                    stop_reason=s.stop_reason,
+                    logprobs=s.logprobs,
+                )
+                for s in req.seqs
+            ],
+            num_cached_tokens=max(s.num_cached_tokens for s in req.seqs),
+            metrics={"arrival_time": req.seqs[0].arrival, "first_token_time": first, "finished_time": time.time()},
+        )
+
+    def num_free_blocks(self) -> int:
+        return self.block_manager.num_free_blocks

@@ -1,0 +1,79 @@
+"""Load safetensors checkpoints (single file or sharded) into our model modules."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.models.llama import LlamaForCausalLM
+
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [path / s for s in shards]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no safetensors weights found in {path}")
+    return files
+
+
+def load_weights(model: LlamaForCausalLM, path: Path) -> None:
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for file in checkpoint_files(path):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                if name.endswith(IGNORED_SUFFIXES):
+                    continue
+                if name == "lm_head.weight" and model.cfg.tie_word_embeddings:
+                    continue
+                target, shard = _target(name, model)
+                if target not in params:
+                    raise ValueError(f"checkpoint weight {name!r} has no place in the model")
+                param = params[target]
+                tensor = f.get_tensor(name)
+                with torch.no_grad():
+                    if shard is None:
+                        _copy(param, tensor, name)
+                    else:
+                        packed_name, index = shard
+                        sizes = model.shard_sizes(packed_name)
+                        start = sum(sizes[:index])
+                        _copy(param.narrow(0, start, sizes[index]), tensor, name)
+                loaded.add(target if shard is None else f"{target}#{shard[1]}")
+    _check_complete(model, params, loaded)
+
+
+def _target(name: str, model: LlamaForCausalLM) -> tuple[str, tuple[str, int] | None]:
+    for part, (packed_name, index) in model.packed.items():
+        if f".{part}." in name:
+            return name.replace(f".{part}.", f".{packed_name}."), (packed_name, index)
+    return name, None
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
+    if dst.shape != src.shape:
+        raise ValueError(f"weight {name!r} has shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
+    dst.copy_(src.to(dst.dtype))
+
+
+def _check_complete(model, params, loaded) -> None:
+    missing = []
+    for name in params:
+        if name == "lm_head.weight" and model.cfg.tie_word_embeddings:
+            continue
+        packed = next((p for p in ("qkv_proj", "gate_up_proj") if f".{p}." in name), None)
+        if packed:
+            count = len(model.shard_sizes(packed))
+            missing += [f"{name}#{i}" for i in range(count) if f"{name}#{i}" not in loaded]
+        elif name not in loaded:
+            missing.append(name)
+    if missing:
+        raise ValueError(f"checkpoint is missing weights: {missing[:8]}{' ...' if len(missing) > 8 else ''}")

@@ -1,0 +1,62 @@
+"""The one place where the engine chooses between plain-torch and Triton kernels.
+
+Every model layer calls the functions of an `Ops` object; `select_ops(name)` returns the
+torch reference set (runs anywhere) or the Triton set (CUDA, or CPU through
+TRITON_INTERPRET=1). Both have the exact signatures of `kernels.reference`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from kernels import reference
+
+
+@dataclass(frozen=True)
+class Ops:
+    name: str
+    write_kv_cache: Callable
+    paged_attention: Callable
+    rms_norm: Callable
+    fused_add_rms_norm: Callable
+    apply_rotary: Callable
+    silu_and_mul: Callable
+
+
+TORCH_OPS = Ops(
+    name="torch",
+    write_kv_cache=reference.write_kv_cache,
+    paged_attention=reference.paged_attention,
+    rms_norm=reference.rms_norm,
+    fused_add_rms_norm=reference.fused_add_rms_norm,
+    apply_rotary=reference.apply_rotary,
+    silu_and_mul=reference.silu_and_mul,
+)
+
+
+def triton_ops() -> Ops:
+    from kernels import triton_ops as t  # imported lazily: triton is optional on CPU
+
+    return Ops(
+        name="triton",
+        write_kv_cache=t.write_kv_cache,
+        paged_attention=t.paged_attention,
+        rms_norm=t.rms_norm,
+        fused_add_rms_norm=t.fused_add_rms_norm,
+        apply_rotary=t.apply_rotary,
+        silu_and_mul=t.silu_and_mul,
+    )
+
+
+def select_ops(backend: str, device: torch.device) -> Ops:
+    """backend: "torch", "triton" or "auto" (Triton on CUDA, torch elsewhere)."""
+    if backend == "auto":
+        backend = "triton" if device.type == "cuda" else "torch"
+    if backend == "torch":
+        return TORCH_OPS
+    if backend == "triton":
+        return triton_ops()
+    raise ValueError(f"unknown attention backend {backend!r}; expected 'auto', 'torch' or 'triton'")

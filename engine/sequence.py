@@ -1,0 +1,63 @@
+"""One generation stream: its tokens, its place in the KV pool, and its state."""
+
+from __future__ import annotations
+
+import enum
+import time
+
+from engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """A request with n > 1 becomes n sequences sharing the prompt (and, through the
+    prefix cache, its KV blocks)."""
+
+    def __init__(self, seq_id: int, request_id: str, index: int, prompt_token_ids: list[int],
+                 params: SamplingParams, arrival: float | None = None):
+        self.seq_id = seq_id
+        self.request_id = request_id
+        self.index = index  # which of the request's n completions this is
+        self.params = params
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.status = SequenceStatus.WAITING
+        self.block_table: list[int] = []
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.num_cached_tokens = 0  # of those, how many came from the prefix cache
+        self.block_hashes: list[bytes] = []  # chained hashes of its full blocks (memo)
+        self.num_registered_blocks = 0  # leading blocks already offered to the prefix cache
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
+        self.output_text = ""
+        self.detok_offsets: tuple[int, int] | None = None  # owned by the detokenizer
+        self.generator = None  # a seeded request's own torch.Generator, made on first use
+        self.arrival = arrival or time.time()
+        self.first_token_time: float | None = None
+        self.num_preemptions = 0
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+        if self.first_token_time is None:
+            self.first_token_time = time.time()

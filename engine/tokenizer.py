@@ -1,0 +1,65 @@
+"""Tokenizer loading, chat templates, and incremental detokenization."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+from engine.sequence import Sequence
+
+# Decoding starts a few tokens back so that tokenizers whose text depends on the
+# previous token (leading spaces, multi-byte characters) come out right.
+_CONTEXT_TOKENS = 5
+
+
+@cache
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def encode_prompt(tokenizer, prompt: str) -> list[int]:
+    return tokenizer(prompt).input_ids
+
+
+def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model's tokenizer has no chat template; use completions instead")
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
+class Detokenizer:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def decode_new_text(self, seq: Sequence) -> str:
+        """Append the text of the seq's latest tokens to `seq.output_text`; return the new part.
+
+        Text is held back while the latest bytes form an incomplete character.
+        """
+        if seq.detok_offsets is None:
+            seq.detok_offsets = (max(seq.num_prompt_tokens - _CONTEXT_TOKENS, 0), seq.num_prompt_tokens)
+        prefix_offset, read_offset = seq.detok_offsets
+        skip = seq.params.skip_special_tokens
+        before = self.tokenizer.decode(seq.token_ids[prefix_offset:read_offset], skip_special_tokens=skip)
+        after = self.tokenizer.decode(seq.token_ids[prefix_offset:], skip_special_tokens=skip)
+        if len(after) <= len(before) or after.endswith("\ufffd"):
+            return ""
+        new_text = after[len(before) :]
+        seq.detok_offsets = (read_offset, len(seq.token_ids))
+        seq.output_text += new_text
+        return new_text
+
+    def flush(self, seq: Sequence) -> None:
+        """At the end, emit whatever was held back (an incomplete character decodes as U+FFFD)."""
+        if seq.detok_offsets is None:
+            return
+        prefix_offset, read_offset = seq.detok_offsets
+        if read_offset < len(seq.token_ids):
+            skip = seq.params.skip_special_tokens
+            before = self.tokenizer.decode(seq.token_ids[prefix_offset:read_offset], skip_special_tokens=skip)
+            after = self.tokenizer.decode(seq.token_ids[prefix_offset:], skip_special_tokens=skip)
+            seq.output_text += after[len(before) :]
+            seq.detok_offsets = (read_offset, len(seq.token_ids))

@@ -1,0 +1,111 @@
+"""Plain-torch reference implementations of every kernel the engine uses.
+
+Shapes used throughout:
+  query   [num_tokens, num_heads, head_dim]   (the new tokens of every sequence, packed)
+  key/val [num_tokens, num_kv_heads, head_dim]
+  k_cache [num_blocks, block_size, num_kv_heads, head_dim] (v_cache alike)
+  slot_mapping [num_tokens] int64: block_id * block_size + offset, or -1 to skip
+  block_tables [num_seqs, max_blocks_per_seq] int32
+  seq_lens [num_seqs] int32: context length of each sequence *including* its new tokens
+  query_start_loc [num_seqs + 1] int32: prefix sums of the number of new tokens per sequence
+
+The new tokens of sequence i sit at positions seq_lens[i] - q_len_i .. seq_lens[i] - 1
+and attend causally to everything before them, cached or new.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def write_kv_cache(key, value, k_cache, v_cache, slot_mapping) -> None:
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    num_blocks, block_size = k_cache.shape[:2]
+    k_cache.view(num_blocks * block_size, *k_cache.shape[2:])[slots] = key[keep].to(k_cache.dtype)
+    v_cache.view(num_blocks * block_size, *v_cache.shape[2:])[slots] = value[keep].to(v_cache.dtype)
+
+
+def _gather_context(cache, block_table, length):
+    block_size = cache.shape[1]
+    num_blocks = -(-length // block_size)
+    return cache[block_table[:num_blocks].long()].flatten(0, 1)[:length]
+
+
+def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
+    """Causal attention of each sequence's new tokens over its whole paged context."""
+    out = torch.empty_like(query)
+    starts = query_start_loc.tolist()
+    lengths = seq_lens.tolist()
+    gqa = query.shape[1] != k_cache.shape[2]
+    decode_rows = [i for i in range(len(lengths)) if starts[i + 1] - starts[i] == 1]
+    if len(decode_rows) > 1:
+        _batched_decode(query, k_cache, v_cache, block_tables, lengths, starts, decode_rows, scale, out)
+        done = set(decode_rows)
+    else:
+        done = set()
+    for i, length in enumerate(lengths):
+        if i in done or starts[i + 1] == starts[i]:
+            continue
+        q = query[starts[i] : starts[i + 1]].transpose(0, 1)
+        k = _gather_context(k_cache, block_tables[i], length).transpose(0, 1).to(q.dtype)
+        v = _gather_context(v_cache, block_tables[i], length).transpose(0, 1).to(q.dtype)
+        q_len = q.shape[1]
+        mask = None
+        if q_len > 1:
+            q_pos = torch.arange(length - q_len, length, device=q.device)
+            mask = torch.arange(length, device=q.device)[None, :] <= q_pos[:, None]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+        out[starts[i] : starts[i + 1]] = o.transpose(0, 1)
+    return out
+
+
+def _batched_decode(query, k_cache, v_cache, block_tables, lengths, starts, rows, scale, out):
+    """All single-token queries at once: gather padded contexts and mask the padding."""
+    block_size = k_cache.shape[1]
+    row_idx = torch.tensor(rows, device=query.device)
+    lens = torch.tensor([lengths[r] for r in rows], device=query.device)
+    max_len = int(lens.max())
+    tables = block_tables[row_idx, : -(-max_len // block_size)].long()
+    k = k_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2).to(query.dtype)
+    v = v_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2).to(query.dtype)
+    token_idx = torch.tensor([starts[r] for r in rows], device=query.device)
+    q = query[token_idx].unsqueeze(2)  # [B, H, 1, D]
+    mask = (torch.arange(max_len, device=query.device)[None, :] < lens[:, None])[:, None, None, :]
+    gqa = query.shape[1] != k_cache.shape[2]
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    out[token_idx] = o.squeeze(2)
+
+
+def rms_norm(x, weight, eps):
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * weight.float()).to(x.dtype)
+
+
+def fused_add_rms_norm(x, residual, weight, eps):
+    """Returns (rms_norm(x + residual), x + residual)."""
+    residual = x + residual
+    return rms_norm(residual, weight, eps), residual
+
+
+def apply_rotary(query, key, positions, cos_sin_cache):
+    """Neox-style rotary embedding (rotate halves), as used by the Llama family.
+
+    query [T, H, D], key [T, Hkv, D], cos_sin_cache [max_pos, D] = cat(cos, sin) over D/2 each.
+    Returns new tensors.
+    """
+    cos, sin = cos_sin_cache[positions].float().chunk(2, dim=-1)
+    cos, sin = cos[:, None, :], sin[:, None, :]
+
+    def rotate(x):
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+    return rotate(query), rotate(key)
+
+
+def silu_and_mul(x):
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up

@@ -1,0 +1,1 @@
+"""pagedbatch: the command-line entry point (`pagedbatch ...` or `python -m pagedbatch`)."""

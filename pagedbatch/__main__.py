@@ -1,0 +1,3 @@
+from pagedbatch.cli import main
+
+raise SystemExit(main())
