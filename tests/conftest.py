@@ -10,3 +10,27 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from engine.tiny import write_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """tiny_model(arch, **config_overrides) -> path of a tiny random model, written once per session."""
+    made = {}
+
+    def make(arch: str = "qwen3", **overrides):
+        key = (arch, tuple(sorted((k, repr(v)) for k, v in overrides.items())))
+        if key not in made:
+            made[key] = write_tiny_model(tmp_path_factory.mktemp(f"tiny-{arch}"), arch, **overrides)
+        return made[key]
+
+    return make
+
+
+def assert_pool_free(engine) -> None:
+    """No leaked block and nothing left running."""
+    assert not engine.has_unfinished_requests()
+    assert engine.num_free_blocks() == engine.block_manager.num_blocks
