@@ -1,9 +1,23 @@
 """pagedbatch's inference engine: paged KV cache, continuous batching, chunked prefill,
-prefix caching. Runs standalone: `from engine import LLM, SamplingParams`."""
+prefix caching. Runs standalone: `from engine import LLM, SamplingParams`.
 
-from engine.llm import LLM
-from engine.llm_engine import LLMEngine
+`LLM` and `LLMEngine` are imported on first use, so that the API process can use
+`SamplingParams` and the tokenizer helpers without loading torch.
+"""
+
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
 
 __all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput"]
+
+
+def __getattr__(name: str):
+    if name == "LLM":
+        from engine.llm import LLM
+
+        return LLM
+    if name == "LLMEngine":
+        from engine.llm_engine import LLMEngine
+
+        return LLMEngine
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")

@@ -175,7 +175,7 @@ class LLMEngine:
     def _check_stop(self, seq: Sequence) -> None:
         p = seq.params
         token = seq.token_ids[-1]
-        self.detokenizer.decode_new_text(seq)
+        new_text = self.detokenizer.decode_new_text(seq)
         reason = stop = None
         if seq.num_output_tokens >= p.min_tokens:
             if token in self.eos_token_ids and not p.ignore_eos:
@@ -183,7 +183,7 @@ class LLMEngine:
             elif token in p.stop_token_ids:
                 reason, stop = "stop", token
             elif p.stop_strings:
-                stop = self._find_stop_string(seq)
+                stop = self._find_stop_string(seq, len(new_text))
                 reason = "stop" if stop else None
         if reason is None and (
             (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or len(seq) >= self.max_model_len
@@ -196,14 +196,22 @@ class LLMEngine:
             self.scheduler.finish(seq)
 
     @staticmethod
-    def _find_stop_string(seq: Sequence) -> str | None:
-        """Trim the text at the earliest stop string; return it, or None."""
-        found = [(seq.output_text.find(s), s) for s in seq.params.stop_strings]
-        found = [(pos, s) for pos, s in found if pos >= 0]
+    def _find_stop_string(seq: Sequence, new_chars: int) -> str | None:
+        """Look for a stop string that the newest text completed; trim the text before
+        the earliest one and return it, or None. Only the new text (plus the few
+        characters before it that a stop string could straddle) is searched."""
+        if not new_chars:
+            return None
+        text = seq.output_text
+        found = []
+        for stop in seq.params.stop_strings:
+            pos = text.find(stop, max(0, len(text) - new_chars - len(stop) + 1))
+            if pos >= 0:
+                found.append((pos, stop))
         if not found:
             return None
         pos, stop = min(found)
-        seq.output_text = seq.output_text[:pos]
+        seq.output_text = text[:pos]
         return stop
 
     def _request_done(self, seq: Sequence) -> RequestOutput | None:

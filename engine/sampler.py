@@ -69,7 +69,9 @@ class Sampler:
         return logits
 
     def _sample(self, logits, seqs):
-        temps = torch.tensor([s.params.temperature or 1.0 for s in seqs], device=logits.device)
+        # Greedy rows take the argmax later; 1.0 just keeps their division finite.
+        temps = torch.tensor([1.0 if s.params.greedy else s.params.temperature for s in seqs],
+                             device=logits.device)
         logits = logits / temps[:, None]
         logits = self._truncate(logits, seqs)
         probs = torch.softmax(logits, dim=-1)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Temperatures below this sample greedily, as in vLLM: dividing logits by a temperature
+# near zero overflows to inf and the softmax to NaN.
+_SAMPLING_EPS = 1e-5
+
 
 @dataclass
 class SamplingParams:
@@ -60,10 +64,14 @@ class SamplingParams:
         )
         check(all(isinstance(s, str) and s for s in self.stop_strings), "stop strings must be non-empty")
         check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "bad stop_token_ids")
+        check(
+            self.seed is None or (isinstance(self.seed, int) and -(2**63) <= self.seed < 2**63),
+            f"seed must be a 64-bit integer, got {self.seed!r}",
+        )
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < _SAMPLING_EPS
 
     @property
     def has_penalties(self) -> bool:

@@ -21,16 +21,16 @@ import torch.nn.functional as F
 
 def write_kv_cache(key, value, k_cache, v_cache, slot_mapping) -> None:
     keep = slot_mapping >= 0
-    slots = slot_mapping[keep]
+    slots, key, value = slot_mapping[keep], key[keep], value[keep]
     num_blocks, block_size = k_cache.shape[:2]
-    k_cache.view(num_blocks * block_size, *k_cache.shape[2:])[slots] = key[keep].to(k_cache.dtype)
-    v_cache.view(num_blocks * block_size, *v_cache.shape[2:])[slots] = value[keep].to(v_cache.dtype)
+    k_cache.view(num_blocks * block_size, *k_cache.shape[2:]).index_copy_(0, slots, key.to(k_cache.dtype))
+    v_cache.view(num_blocks * block_size, *v_cache.shape[2:]).index_copy_(0, slots, value.to(v_cache.dtype))
 
 
 def _gather_context(cache, block_table, length):
     block_size = cache.shape[1]
     num_blocks = -(-length // block_size)
-    return cache[block_table[:num_blocks].long()].flatten(0, 1)[:length]
+    return cache.index_select(0, block_table[:num_blocks].long()).flatten(0, 1)[:length]
 
 
 def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
@@ -39,43 +39,49 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start
     starts = query_start_loc.tolist()
     lengths = seq_lens.tolist()
     gqa = query.shape[1] != k_cache.shape[2]
-    decode_rows = [i for i in range(len(lengths)) if starts[i + 1] - starts[i] == 1]
-    if len(decode_rows) > 1:
-        _batched_decode(query, k_cache, v_cache, block_tables, lengths, starts, decode_rows, scale, out)
-        done = set(decode_rows)
-    else:
-        done = set()
+    decodes = [i for i in range(len(lengths)) if starts[i + 1] - starts[i] == 1]
+    if decodes:
+        _decode_attention(query, k_cache, v_cache, block_tables, lengths, starts, decodes, scale, out)
     for i, length in enumerate(lengths):
-        if i in done or starts[i + 1] == starts[i]:
+        q_len = starts[i + 1] - starts[i]
+        if q_len <= 1:
             continue
         q = query[starts[i] : starts[i + 1]].transpose(0, 1)
         k = _gather_context(k_cache, block_tables[i], length).transpose(0, 1).to(q.dtype)
         v = _gather_context(v_cache, block_tables[i], length).transpose(0, 1).to(q.dtype)
-        q_len = q.shape[1]
-        mask = None
-        if q_len > 1:
+        if q_len == length:  # no cached prefix: plain causal attention
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+        else:
             q_pos = torch.arange(length - q_len, length, device=q.device)
             mask = torch.arange(length, device=q.device)[None, :] <= q_pos[:, None]
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
         out[starts[i] : starts[i + 1]] = o.transpose(0, 1)
     return out
 
 
-def _batched_decode(query, k_cache, v_cache, block_tables, lengths, starts, rows, scale, out):
+def _decode_attention(query, k_cache, v_cache, block_tables, lengths, starts, rows, scale, out):
     """All single-token queries at once: gather padded contexts and mask the padding."""
-    block_size = k_cache.shape[1]
-    row_idx = torch.tensor(rows, device=query.device)
-    lens = torch.tensor([lengths[r] for r in rows], device=query.device)
-    max_len = int(lens.max())
-    tables = block_tables[row_idx, : -(-max_len // block_size)].long()
-    k = k_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2).to(query.dtype)
-    v = v_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2).to(query.dtype)
-    token_idx = torch.tensor([starts[r] for r in rows], device=query.device)
-    q = query[token_idx].unsqueeze(2)  # [B, H, 1, D]
-    mask = (torch.arange(max_len, device=query.device)[None, :] < lens[:, None])[:, None, None, :]
-    gqa = query.shape[1] != k_cache.shape[2]
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
-    out[token_idx] = o.squeeze(2)
+    num_blocks_total, block_size, num_kv_heads, head_dim = k_cache.shape
+    device = query.device
+    row_idx = torch.tensor(rows, device=device)
+    lens = torch.tensor([lengths[r] for r in rows], device=device)
+    max_len = max(lengths[r] for r in rows)
+    tables = block_tables[row_idx, : -(-max_len // block_size)].long().flatten()
+    batch = len(rows)
+
+    def gather(cache):  # [B, kv_heads, max_len, D]
+        ctx = cache.index_select(0, tables).view(batch, -1, num_kv_heads, head_dim)[:, :max_len]
+        return ctx.transpose(1, 2).to(query.dtype)
+
+    k, v = gather(k_cache), gather(v_cache)
+    token_idx = torch.tensor([starts[r] for r in rows], device=device)
+    group = query.shape[1] // num_kv_heads
+    q = query[token_idx].view(batch, num_kv_heads, group, head_dim)  # query heads grouped by kv head
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [B, kv_heads, group, max_len]
+    padding = torch.arange(max_len, device=device)[None, :] >= lens[:, None]
+    scores.masked_fill_(padding[:, None, None, :], float("-inf"))
+    o = torch.matmul(scores.softmax(dim=-1), v)  # [B, kv_heads, group, D]
+    out[token_idx] = o.reshape(batch, -1, head_dim)
 
 
 def rms_norm(x, weight, eps):

@@ -1,0 +1,356 @@
+"""Paged attention over a mixed batch of prefill chunks and single-token decodes.
+
+Layout (see kernels/reference.py): query [T, H, D] packed by sequence, k/v cache
+[num_blocks, block_size, Hkv, D], block_tables [S, max_blocks], seq_lens [S] (context
+length including the new tokens), query_start_loc [S + 1].
+
+Two kernels share one inner loop (`_attend`, online softmax in fp32 with exp2):
+
+* `_query_block_kernel` — one program per (block of query tokens, kv head). The rows of a
+  program are BLOCK_Q tokens x GROUP query heads that share one kv head (GQA packing), so
+  each K/V tile is loaded once for the whole group and QK^T / PV are `tl.dot`s. Programs
+  find their sequence by a binary search over query_start_loc, so the grid only depends on
+  tensor shapes (num_tokens // BLOCK_Q + num_seqs) and launching never syncs with the host.
+  Causal masking covers prefill chunks with any cached prefix; a decode is a 1-token chunk.
+
+* `_split_decode_kernel` + `_merge_splits_kernel` (flash-decoding) — when there are too
+  few (sequence, kv head) pairs to fill the GPU, each decode's context is cut into
+  NUM_SPLITS partitions computed by separate programs that write a partial output plus the
+  running max and sum; the merge kernel combines them with a log-sum-exp. Partition
+  lengths come from each sequence's own length on the device, so the split count is a
+  host-side function of shapes only (safe to capture in a CUDA graph). Prefill chunks are
+  then left to the query-block kernel, which skips the 1-token sequences.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+
+def _pow2(n: int, minimum: int = 1) -> int:
+    """The smallest power of two >= max(n, minimum): Triton block sizes must be powers of two."""
+    return max(triton.next_power_of_2(max(int(n), 1)), minimum)
+
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attend(
+    q, acc, m_i, l_i, q_pos, k_lo, k_hi,
+    k_cache_ptr, v_cache_ptr, table_ptr, kv_head,
+    stride_cb, stride_cs, stride_ch, qk_scale,
+    CAUSAL: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Fold keys [k_lo, k_hi) of one sequence into the online-softmax state (acc, m_i, l_i).
+
+    q [BLOCK_M, BLOCK_D]; acc [BLOCK_M, BLOCK_D] fp32; m_i (log2 domain), l_i [BLOCK_M] fp32;
+    q_pos [BLOCK_M]: the position of each row's token, used when CAUSAL.
+    """
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    head_off = kv_head * stride_ch
+    for start in range(k_lo, k_hi, BLOCK_N):
+        k_pos = start + offs_n
+        n_mask = k_pos < k_hi
+        page = tl.load(table_ptr + k_pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        row_off = page * stride_cb + (k_pos % BLOCK_SIZE) * stride_cs + head_off  # [BLOCK_N]
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + row_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + row_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
+        if CAUSAL:
+            keep = n_mask[None, :] & (k_pos[None, :] <= q_pos[:, None])
+        else:
+            keep = n_mask[None, :]
+        qk = tl.where(keep, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        p = tl.exp2(qk - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _query_block_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, seq_lens_ptr, qsl_ptr,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_table,
+    stride_cb, stride_cs, stride_ch,
+    num_seqs, qk_scale,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr, SKIP_DECODES: tl.constexpr, DOT_PRECISION: tl.constexpr, Q_F32: tl.constexpr,
+):
+    q_block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+
+    # Sequence i owns the global query blocks [qsl[i] // BLOCK_Q + i, ...): find the last
+    # sequence whose first block is <= q_block (branch-free binary search, lo < hi).
+    lo = q_block * 0
+    hi = lo + num_seqs
+    for _ in tl.static_range(SEARCH_STEPS):
+        active = lo < hi
+        mid = (lo + hi) // 2
+        first = tl.load(qsl_ptr + mid, mask=active, other=0) // BLOCK_Q + mid
+        lo = tl.where(active & (first <= q_block), mid + 1, lo)
+        hi = tl.where(active & (first > q_block), mid, hi)
+    seq = lo - 1
+
+    q_start = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    local_block = q_block - (q_start // BLOCK_Q + seq)
+    done = local_block * BLOCK_Q >= q_len
+    if SKIP_DECODES:
+        done = done | (q_len == 1)  # 1-token sequences are left to the flash-decoding kernels
+    if done:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    prefix = seq_len - q_len
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    tok = local_block * BLOCK_Q + offs_m // GROUP_PAD
+    head = kv_head * GROUP + offs_m % GROUP_PAD
+    row_mask = (offs_m % GROUP_PAD < GROUP) & (tok < q_len)
+    mask = row_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
+    token = (q_start + tok).to(tl.int64)
+    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=mask, other=0.0)
+    if Q_F32:  # the dots (and so K, V, P) follow q's dtype
+        q = q.to(tl.float32)
+
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: masked rows stay NaN-free
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    # Keys past the last token of this block are masked for every row: stop there.
+    k_hi = prefix + tl.minimum(q_len, (local_block + 1) * BLOCK_Q)
+    acc, m_i, l_i = _attend(
+        q, acc, m_i, l_i, prefix + tok, 0, k_hi,
+        k_cache_ptr, v_cache_ptr, tables_ptr + seq.to(tl.int64) * stride_table, kv_head,
+        stride_cb, stride_cs, stride_ch, qk_scale,
+        True, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, DOT_PRECISION,
+    )
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _split_decode_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, part_out_ptr, part_m_ptr, part_l_ptr,
+    tables_ptr, seq_lens_ptr, qsl_ptr,
+    stride_qt, stride_qh, stride_table, stride_cb, stride_cs, stride_ch,
+    num_heads, qk_scale,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    Q_F32: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    q_start = tl.load(qsl_ptr + seq)
+    if tl.load(qsl_ptr + seq + 1) - q_start != 1:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    part_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    k_lo = split * part_len
+    k_hi = tl.minimum(seq_len, k_lo + part_len)
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    head = kv_head * GROUP + offs_m
+    row_mask = offs_m < GROUP
+    mask = row_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
+    q = tl.load(q_ptr + q_start.to(tl.int64) * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=mask, other=0.0)
+    if Q_F32:  # the dots (and so K, V, P) follow q's dtype
+        q = q.to(tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: masked rows stay NaN-free
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc, m_i, l_i = _attend(
+        q, acc, m_i, l_i, offs_m, k_lo, k_hi,
+        k_cache_ptr, v_cache_ptr, tables_ptr + seq.to(tl.int64) * stride_table, kv_head,
+        stride_cb, stride_cs, stride_ch, qk_scale,
+        False, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, DOT_PRECISION,
+    )
+    # Partial results are laid out [seq, head, split(, dim)]; an empty split stores l = 0.
+    row = (seq.to(tl.int64) * num_heads + head) * NUM_SPLITS + split
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=mask)
+    tl.store(part_m_ptr + row, m_i, mask=row_mask)
+    tl.store(part_l_ptr + row, l_i, mask=row_mask)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    part_out_ptr, part_m_ptr, part_l_ptr, out_ptr, qsl_ptr,
+    stride_ot, stride_oh, num_heads,
+    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    q_start = tl.load(qsl_ptr + seq)
+    if tl.load(qsl_ptr + seq + 1) - q_start != 1:
+        return
+    splits = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = splits < NUM_SPLITS
+    row = (seq.to(tl.int64) * num_heads + head) * NUM_SPLITS + splits
+    m = tl.load(part_m_ptr + row, mask=s_mask, other=-1.0e30)
+    weight = tl.exp2(m - tl.max(m, axis=0)) * tl.load(part_l_ptr + row, mask=s_mask, other=0.0)
+    mask = s_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
+    parts = tl.load(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask, other=0.0)
+    total = tl.sum(weight, axis=0)  # 0 only for an empty context (a padded graph slot): write zeros
+    out = tl.sum(parts * weight[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + q_start.to(tl.int64) * stride_ot + head * stride_oh + offs_d,
+             out.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+
+
+MAX_SPLITS = 32
+MIN_SPLIT_TOKENS = 256  # on GPU, a partition shorter than this costs more in merging than it gains
+
+
+@functools.lru_cache(maxsize=8)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, device: torch.device) -> int:
+    """Flash-decoding partitions per decode, from shapes only: enough programs to fill the GPU."""
+    if device.type == "cuda":
+        target = 4 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        min_tokens = MIN_SPLIT_TOKENS
+    else:  # the interpreter: split only long contexts, so that the path is exercised at all
+        target, min_tokens = 4, 64
+    programs = max(num_seqs * num_kv_heads, 1)
+    return max(1, min(triton.cdiv(target, programs), max_context // min_tokens, MAX_SPLITS))
+
+
+def _compiled_for_gpu(t: torch.Tensor) -> bool:
+    """False when the kernels run in Triton's CPU interpreter (tests patch this to check GPU configs)."""
+    return t.is_cuda
+
+
+def _search_steps(num_seqs: int) -> int:
+    """Binary-search steps over num_seqs, rounded up to a multiple of 4 to bound recompilation."""
+    return -(-num_seqs.bit_length() // 4) * 4
+
+
+def _block_config(
+    head_dim_pad: int, group_pad: int, decode_only: bool, on_gpu: bool, fp32: bool
+) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) for the query-block kernel."""
+    block_n = 64 if head_dim_pad <= 128 else 32
+    if decode_only:
+        return max(16, group_pad), block_n, 4
+    block_m = 128 if head_dim_pad <= 64 else 64 if head_dim_pad <= 128 else 32
+    if fp32:  # twice the registers per element (fp32 is for tests; serving runs bf16)
+        block_m, block_n = block_m // 2, max(block_n // 2, 16)
+    if not on_gpu:
+        block_m = 32  # the interpreter pays per element: keep padding rows few
+    block_m = max(block_m, group_pad)
+    return block_m, block_n, 8 if block_m >= 128 else 4
+
+
+def paged_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    *,
+    max_query_len: int | None = None,
+    max_seq_len: int | None = None,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of each sequence's new tokens over its whole paged context.
+
+    Same contract as `kernels.reference.paged_attention`. Optional host-side hints (all
+    plain Python ints; nothing here reads device memory, so every call is graph-capturable):
+      max_query_len: longest new-token run in the batch; 1 means decode-only, which skips the
+        query-block launch when decodes are split and picks decode-sized tiles.
+      max_seq_len: bound on seq_lens, used only to size the flash-decoding split count
+        (default: the width of block_tables times the block size).
+      num_splits: force the flash-decoding partition count (1 disables splitting; at most 32).
+      out: preallocated [T, H, D] output (e.g. a CUDA-graph static buffer).
+    """
+    num_tokens, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    num_seqs = seq_lens.shape[0]
+    assert num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
+    assert block_size & (block_size - 1) == 0, "block_size must be a power of two"
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    if query.stride(-1) != 1:
+        query = query.contiguous()
+    if out is None:
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+
+    group = num_heads // num_kv_heads
+    group_pad = _pow2(group)
+    block_d = _pow2(head_dim, 16)
+    on_gpu = _compiled_for_gpu(query)
+    # Triton's CPU interpreter has no bf16 matmul: there the dots run in fp32.
+    q_f32 = not on_gpu and query.dtype == torch.bfloat16
+    precision = "ieee" if query.dtype == torch.float32 or q_f32 else "tf32"
+    qk_scale = float(scale) * LOG2E
+    cache_strides = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
+    decode_only = max_query_len == 1 or (max_query_len is None and num_tokens == num_seqs)
+
+    if num_splits is None:
+        max_context = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context, query.device)
+    num_splits = max(1, min(int(num_splits), MAX_SPLITS))
+    split_decodes = num_splits > 1
+
+    if not (split_decodes and max_query_len == 1):
+        block_m, block_n, warps = _block_config(
+            block_d, group_pad, decode_only, on_gpu, query.dtype == torch.float32
+        )
+        block_q = block_m // group_pad
+        grid = (num_tokens // block_q + num_seqs, num_kv_heads)
+        _query_block_kernel[grid](
+            query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
+            query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+            *cache_strides,
+            num_seqs, qk_scale,
+            GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_M=block_m,
+            BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+            SEARCH_STEPS=_search_steps(num_seqs), SKIP_DECODES=split_decodes,
+            DOT_PRECISION=precision, Q_F32=q_f32, num_warps=warps,
+        )
+
+    if split_decodes:
+        block_n = 64 if block_d <= 128 else 32
+        part_out = torch.empty((num_seqs, num_heads, num_splits, head_dim), dtype=torch.float32,
+                               device=query.device)
+        part_m = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=query.device)
+        part_l = torch.empty_like(part_m)
+        _split_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+            query, k_cache, v_cache, part_out, part_m, part_l, block_tables, seq_lens, query_start_loc,
+            query.stride(0), query.stride(1), block_tables.stride(0), *cache_strides,
+            num_heads, qk_scale,
+            GROUP=group, BLOCK_M=max(16, group_pad), BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=head_dim,
+            BLOCK_SIZE=block_size, NUM_SPLITS=num_splits, DOT_PRECISION=precision, Q_F32=q_f32,
+            num_warps=4,
+        )
+        _merge_splits_kernel[(num_seqs, num_heads)](
+            part_out, part_m, part_l, out, query_start_loc,
+            out.stride(0), out.stride(1), num_heads,
+            NUM_SPLITS=num_splits, SPLITS_PAD=_pow2(num_splits), BLOCK_D=block_d, HEAD_DIM=head_dim,
+            num_warps=4,
+        )
+    return out
