@@ -29,7 +29,7 @@ def load_weights(model: LlamaForCausalLM, path: Path) -> None:
     loaded: set[str] = set()
     for file in checkpoint_files(path):
         with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 - a safetensors handle is not a dict
                 if name.endswith(IGNORED_SUFFIXES):
                     continue
                 if name == "lm_head.weight" and model.cfg.tie_word_embeddings:

@@ -7,8 +7,8 @@ TRITON_INTERPRET=1). Both have the exact signatures of `kernels.reference`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
