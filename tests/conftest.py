@@ -16,6 +16,16 @@ import pytest  # noqa: E402
 from engine.tiny import write_tiny_model  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared 2-core machine
+    they oversubscribe it (several times slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """tiny_model(arch, **config_overrides) -> path of a tiny random model, written once per session."""

@@ -7,28 +7,12 @@ import shutil
 import threading
 
 import pytest
-import torch
 
 from engine import LLM, LLMEngine, SamplingParams
 from engine.tiny import write_tiny_model
+from tests.conftest import assert_pool_free
 
 VOCAB = 512  # the tiny model's vocabulary
-
-
-def assert_no_leak(engine) -> None:
-    """Every KV block is back in the pool and no request is left behind."""
-    assert engine.num_free_blocks() == engine.block_manager.num_blocks
-    assert not engine.has_unfinished_requests()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """A tiny model gains nothing from intra-op threads, and on a shared CPU they
-    oversubscribe it (several times slower); the setting is restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +29,9 @@ def llm(model_dir):
 def engine(llm):
     engine = llm.llm_engine
     assert isinstance(engine, LLMEngine)
-    assert_no_leak(engine)  # the previous test left nothing behind either
+    assert_pool_free(engine)  # the previous test left nothing behind either
     yield engine
-    assert_no_leak(engine)
+    assert_pool_free(engine)
 
 
 def prompt(i: int, length: int = 6) -> dict:
@@ -127,7 +111,7 @@ def test_preemption_and_chunked_prefill_do_not_change_outputs(llm, model_dir):
         assert [sorted(e) for e in a.logprobs] == [sorted(e) for e in b.logprobs]
         for ea, eb in zip(a.logprobs, b.logprobs):
             assert all(abs(ea[t] - eb[t]) < 1e-4 for t in ea)
-    assert_no_leak(tight.llm_engine)
+    assert_pool_free(tight.llm_engine)
 
 
 # ---- aborts ---------------------------------------------------------------------------
@@ -263,15 +247,15 @@ def test_bad_input_is_rejected_and_the_engine_keeps_serving(llm, engine):
 def test_generate_with_one_bad_prompt_runs_nothing(llm, engine):
     with pytest.raises(ValueError, match=r"^prompt 2: .*empty"):
         llm.generate([prompt(1), "Hello", "", prompt(2)], greedy(4))
-    assert_no_leak(engine)
+    assert_pool_free(engine)
     bad = SamplingParams()
     bad.temperature = -1
     with pytest.raises(ValueError, match=r"^prompt 1: temperature"):
         llm.generate([prompt(1), prompt(2)], [greedy(4), bad])
-    assert_no_leak(engine)
+    assert_pool_free(engine)
     with pytest.raises(ValueError, match="2 sampling params for 3 prompts"):
         llm.generate([prompt(1), prompt(2), prompt(3)], [greedy(4), greedy(4)])
-    assert_no_leak(engine)
+    assert_pool_free(engine)
     # The LLM is still usable and gives what a fresh run gives.
     outs = llm.generate([prompt(1), prompt(2)], greedy(4))
     assert [len(o.outputs[0].token_ids) for o in outs] == [4, 4]
@@ -293,7 +277,7 @@ def test_generate_interrupted_midway_leaves_nothing_behind(llm, engine, monkeypa
         llm.generate([prompt(i) for i in range(4)], greedy(8))
     monkeypatch.undo()
     assert calls == 3
-    assert_no_leak(engine)
+    assert_pool_free(engine)
 
 
 def test_context_limit_with_max_model_len(model_dir):
@@ -302,7 +286,7 @@ def test_context_limit_with_max_model_len(model_dir):
     assert engine.max_model_len == 128
     with pytest.raises(ValueError, match="context of 128 tokens"):
         llm.generate({"prompt_token_ids": [7] * 128}, greedy(1))
-    assert_no_leak(engine)
+    assert_pool_free(engine)
     # max_tokens=None runs up to the context; a larger max_tokens is cut there too.
     outs = llm.generate(
         [{"prompt_token_ids": [7] * 127}, {"prompt_token_ids": [9] * 124}, {"prompt_token_ids": [11] * 120}],
@@ -312,7 +296,7 @@ def test_context_limit_with_max_model_len(model_dir):
     )
     assert [len(o.outputs[0].token_ids) for o in outs] == [1, 4, 8]
     assert all(o.outputs[0].finish_reason == "length" for o in outs)
-    assert_no_leak(engine)
+    assert_pool_free(engine)
     with pytest.raises(ValueError, match="exceeds the model's context"):
         LLM(str(model_dir), device="cpu", num_kv_blocks=4, max_model_len=2048)
 

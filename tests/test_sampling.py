@@ -11,6 +11,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.tiny import write_tiny_model
+from tests.conftest import assert_pool_free
 
 PROMPTS = [
     "Hello, world!",
@@ -26,22 +27,6 @@ PROMPTS = [
     "one token at a time",
     "JSONL files",
 ]
-
-
-def assert_no_leak(engine) -> None:
-    """Every KV block is back in the pool and no request is left behind."""
-    assert engine.num_free_blocks() == engine.block_manager.num_blocks
-    assert not engine.has_unfinished_requests()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """A tiny model gains nothing from intra-op threads, and on a shared CPU they
-    oversubscribe it (several times slower); the setting is restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +49,7 @@ def hf_model(model_dir):
 @pytest.fixture(autouse=True)
 def no_leak_after_each_test(llm):
     yield
-    assert_no_leak(llm.llm_engine)
+    assert_pool_free(llm.llm_engine)
 
 
 def greedy(max_tokens=16, **kw) -> SamplingParams:
@@ -126,7 +111,7 @@ def test_engine_seed_makes_an_unseeded_run_reproducible(model_dir):
     def run(seed):
         llm = LLM(str(model_dir), device="cpu", dtype="float32", num_kv_blocks=32, seed=seed)
         outs = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:4], params)]
-        assert_no_leak(llm.llm_engine)
+        assert_pool_free(llm.llm_engine)
         return outs
 
     first = run(7)
@@ -397,7 +382,7 @@ def test_eos_stops_unless_ignored(eos_setup):
     ignored = one(eos_llm, PROMPTS[3], greedy(16, ignore_eos=True))
     assert ignored.token_ids == base  # same weights: the run goes on exactly as before
     assert ignored.finish_reason == "length"
-    assert_no_leak(eos_llm.llm_engine)
+    assert_pool_free(eos_llm.llm_engine)
 
 
 def test_min_tokens_suppresses_eos(eos_setup):
@@ -410,7 +395,7 @@ def test_min_tokens_suppresses_eos(eos_setup):
         assert out.token_ids[-1] == eos
     else:
         assert len(out.token_ids) == 16
-    assert_no_leak(eos_llm.llm_engine)
+    assert_pool_free(eos_llm.llm_engine)
 
 
 def test_tokenizer_eos_also_stops(llm, model_dir, eos_setup, tmp_path_factory):
@@ -427,4 +412,4 @@ def test_tokenizer_eos_also_stops(llm, model_dir, eos_setup, tmp_path_factory):
     out = one(tok_llm, PROMPTS[3], greedy(16))
     assert out.token_ids == base[: first + 1]
     assert out.finish_reason == "stop"
-    assert_no_leak(tok_llm.llm_engine)
+    assert_pool_free(tok_llm.llm_engine)
