@@ -153,6 +153,12 @@ class EngineConfig:
     cpu_kv_cache_gb: float = 1.0
     attention_backend: str = "auto"
     extra: dict = field(default_factory=dict)
+    # CUDA graphs for decode-only steps (see engine/cuda_graph.py).
+    enforce_eager: bool = False  # never capture: every step runs eagerly, unpadded
+    cuda_graph_max_batch: int | None = None  # largest captured batch; None: min(max_num_seqs, 512)
+    # Testing: run decode-only steps through the graphs' padded static buffers, eagerly and
+    # without capturing, on any device (so that CPU tests cover the graph path's logic).
+    static_decode_eager: bool = False
 
     def __post_init__(self):
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -163,6 +169,8 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be >= 1")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError("num_kv_blocks must be >= 1")
+        if self.cuda_graph_max_batch is not None and self.cuda_graph_max_batch < 1:
+            raise ValueError("cuda_graph_max_batch must be >= 1")
 
 
 def resolve_device(device: str) -> torch.device:

@@ -1,5 +1,9 @@
 """Owns the model and the KV cache on the device; turns a scheduled batch into flat
-tensors, runs the forward pass, and returns the logits of the sequences that sample."""
+tensors, runs the forward pass, and returns the logits of the sequences that sample.
+
+On CUDA, decode-only steps are replayed from CUDA graphs (engine/cuda_graph.py); other
+steps run eagerly. Either way nothing in a step waits for the device: inputs go up from
+pinned memory asynchronously, and the only read back is the sampler's."""
 
 from __future__ import annotations
 
@@ -8,10 +12,14 @@ import logging
 import torch
 
 from engine.config import EngineConfig, ModelConfig
+from engine.cuda_graph import DecodeGraphRunner, batch_size_ladder, to_device
 from engine.loader import load_weights
 from engine.models.llama import AttentionInputs, LlamaForCausalLM
 from engine.ops import select_ops
+from engine.sampler import Sampler
+from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch
+from engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +45,32 @@ class ModelRunner:
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(model_config.num_layers)
         ]
+        self.graph_runner = self._make_graph_runner()
+
+    @property
+    def _captures_graphs(self) -> bool:
+        """On CUDA with the Triton kernels (the torch reference attention reads lengths on the
+        host, which a graph cannot), unless told to stay eager."""
+        cfg = self.config
+        return (self.device.type == "cuda" and self.ops.name == "triton" and not cfg.enforce_eager
+                and not cfg.static_decode_eager)
+
+    def _graph_batch(self) -> int:
+        """The largest decode batch served from the static buffers."""
+        return batch_size_ladder(min(self.config.cuda_graph_max_batch or self.config.max_num_seqs,
+                                     self.config.max_num_seqs))[-1]
+
+    def _make_graph_runner(self) -> DecodeGraphRunner | None:
+        if not (self._captures_graphs or self.config.static_decode_eager):
+            return None
+        runner = DecodeGraphRunner(
+            self.model, self.kv_caches, max_batch=self._graph_batch(),
+            max_model_len=self.model_config.max_model_len, block_size=self.block_size,
+            device=self.device, dtype=self.dtype, attention_hints=self.ops.name == "triton",
+        )
+        if self._captures_graphs:
+            runner.capture()
+        return runner
 
     def _bytes_per_block(self) -> int:
         m = self.model_config
@@ -44,13 +78,7 @@ class ModelRunner:
 
     def _auto_num_blocks(self) -> int:
         if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self._profile_forward()
-            free, total = torch.cuda.mem_get_info(self.device)
-            used = total - free
-            peak_extra = torch.cuda.max_memory_allocated(self.device) - torch.cuda.memory_allocated(self.device)
-            budget = total * self.config.gpu_memory_utilization - used - peak_extra
+            budget = self._free_cuda_memory()
         else:
             budget = self.config.cpu_kv_cache_gb * (1 << 30)
         num_blocks = int(budget // self._bytes_per_block())
@@ -59,12 +87,36 @@ class ModelRunner:
         num_blocks = min(num_blocks, useful)
         if num_blocks < 1:
             raise RuntimeError("not enough memory for even one KV block; lower max_num_batched_tokens")
-        log.info("KV pool: %d blocks of %d tokens", num_blocks, self.block_size)
+        log.info("KV pool: %d blocks of %d tokens (%.2f GiB)", num_blocks, self.block_size,
+                 num_blocks * self._bytes_per_block() / 2**30)
         return num_blocks
 
+    def _free_cuda_memory(self) -> float:
+        """Bytes left for the KV pool: gpu_memory_utilization of the card, less what is in use
+        (this process's weights and CUDA context, and other processes), less the peak working
+        memory of a step (profiled), less the CUDA graphs' memory pool (estimated from it)."""
+        dev = self.device
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(dev)
+        base = torch.cuda.memory_allocated(dev)
+        tokens = self._profile_step()
+        torch.cuda.synchronize(dev)
+        peak = torch.cuda.max_memory_allocated(dev) - base
+        torch.cuda.empty_cache()  # otherwise the profile's freed blocks would count as used too
+        free, total = torch.cuda.mem_get_info(dev)
+        used = total - free
+        # A decode graph holds the activations of up to _graph_batch() tokens for good, in a pool
+        # of its own; activations grow linearly with tokens, so scale the profiled peak (2x margin).
+        graphs = 2 * peak * min(1.0, self._graph_batch() / tokens) if self._captures_graphs else 0
+        budget = total * self.config.gpu_memory_utilization - used - peak - graphs
+        log.info("GPU memory: %.1f GiB total, %.1f in use, step peak %.2f, graphs %.2f, KV budget %.1f",
+                 total / 2**30, used / 2**30, peak / 2**30, graphs / 2**30, budget / 2**30)
+        return budget
+
     @torch.no_grad()
-    def _profile_forward(self) -> None:
-        """A forward pass at the full token budget (writing no K/V) to measure activation memory."""
+    def _profile_step(self) -> int:
+        """A forward pass at the full token budget (writing no K/V), then sampling with every
+        option on for max_num_seqs rows, to measure peak working memory. Returns the tokens run."""
         tokens = min(self.config.max_num_batched_tokens, self.model_config.max_model_len)
         m = self.model_config
         scratch = torch.empty((1, self.block_size, m.num_kv_heads, m.head_dim), dtype=self.dtype,
@@ -78,7 +130,16 @@ class ModelRunner:
             kv_caches=[(scratch, scratch)] * m.num_layers,
         )
         hidden = self.model(torch.zeros(tokens, dtype=torch.long, device=self.device), inputs)
-        self.model.compute_logits(hidden[-min(tokens, self.config.max_num_seqs):])
+        rows = min(tokens, self.config.max_num_seqs)
+        logits = self.model.compute_logits(hidden[-rows:])
+        del hidden
+        params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, min_p=0.05, repetition_penalty=1.1,
+                                presence_penalty=0.1, frequency_penalty=0.1, logprobs=20, seed=0)
+        seqs = [Sequence(i, "profile", 0, [0, 1], params) for i in range(rows)]
+        for seq in seqs:
+            seq.append_token(2)
+        Sampler(m.vocab_size, self.device, 0)(logits, seqs, [])
+        return tokens
 
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionInputs, torch.Tensor]:
         input_ids, positions, slots, seq_lens, starts = [], [], [], [], [0]
@@ -97,25 +158,31 @@ class ModelRunner:
                 sample_rows.append(starts[-1] - 1)
         max_blocks = max(len(s.block_table) for s in batch.seqs)
         tables = [s.block_table + [0] * (max_blocks - len(s.block_table)) for s in batch.seqs]
-
-        def tensor(values, dtype):
-            return torch.tensor(values, dtype=dtype, pin_memory=self.device.type == "cuda").to(
-                self.device, non_blocking=True
-            )
-
+        hints = {}
+        if self.ops.name == "triton":  # host-known bounds spare the kernel from assuming the worst
+            hints = dict(max_query_len=max(batch.num_new_tokens), max_seq_len=max(seq_lens))
+        dev = self.device
         inputs = AttentionInputs(
-            positions=tensor(positions, torch.long),
-            slot_mapping=tensor(slots, torch.long),
-            block_tables=tensor(tables, torch.int32),
-            seq_lens=tensor(seq_lens, torch.int32),
-            query_start_loc=tensor(starts, torch.int32),
+            positions=to_device(positions, torch.long, dev),
+            slot_mapping=to_device(slots, torch.long, dev),
+            block_tables=to_device(tables, torch.int32, dev),
+            seq_lens=to_device(seq_lens, torch.int32, dev),
+            query_start_loc=to_device(starts, torch.int32, dev),
             kv_caches=self.kv_caches,
+            **hints,
         )
-        return tensor(input_ids, torch.long), inputs, tensor(sample_rows, torch.long)
+        return to_device(input_ids, torch.long, dev), inputs, to_device(sample_rows, torch.long, dev)
 
     @torch.no_grad()
     def execute(self, batch: ScheduledBatch) -> torch.Tensor:
         """Logits [num sampling seqs, vocab] in batch order (seqs mid-prefill have none)."""
+        if self.graph_runner is not None and self.graph_runner.can_run(batch.num_new_tokens):
+            hidden = self.graph_runner.run(batch.seqs)
+            # A one-token chunk that does not finish its prompt has nothing to sample.
+            rows = [i for i, s in enumerate(batch.seqs) if s.num_computed_tokens + 1 == len(s)]
+            if len(rows) < len(batch.seqs):
+                hidden = hidden[to_device(rows, torch.long, self.device)]
+            return self.model.compute_logits(hidden)
         input_ids, inputs, sample_rows = self.prepare(batch)
         hidden = self.model(input_ids, inputs)
         return self.model.compute_logits(hidden[sample_rows])

@@ -1,14 +1,19 @@
 """Turn the last-position logits of each sequence into its next token.
 
-Everything is batched on the device; the only per-row work is for seeded requests,
-which draw their noise from their own generator so that a seeded request gives the
-same tokens whatever else shares the batch.
+Everything is batched on the device, and nothing waits for it until the end: per-row
+settings are known on the host and go up in one asynchronous copy per stage, and the
+sampled tokens (with any requested logprobs) come back in one transfer. The only per-row
+work is for seeded requests, which draw their noise from their own generator so that a
+seeded request gives the same tokens whatever else shares the batch.
 """
 
 from __future__ import annotations
 
+from itertools import chain, repeat
+
 import torch
 
+from engine.cuda_graph import fetch, to_device
 from engine.sequence import Sequence
 
 
@@ -23,98 +28,124 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence], eos_ids: list[int]):
         """Returns (token ids as a list, per-row top logprobs dicts or None)."""
         logits = logits.float()
+        want = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         raw_logprobs = None
-        if any(s.params.logprobs is not None for s in seqs):
-            raw_logprobs = torch.log_softmax(logits, dim=-1)
+        if want:  # of the model's own distribution, before penalties and truncation
+            raw_logprobs = torch.log_softmax(self._rows(logits, want), dim=-1)
         logits = self._apply_penalties(logits, seqs)
         logits = self._suppress_early_stops(logits, seqs, eos_ids)
 
-        greedy = torch.tensor([s.params.greedy for s in seqs], device=logits.device)
         tokens = logits.argmax(dim=-1)
-        if not bool(greedy.all()):
-            sampled = self._sample(logits, seqs)
-            tokens = torch.where(greedy, tokens, sampled)
-        token_list = tokens.tolist()
-        return token_list, self._top_logprobs(raw_logprobs, seqs, token_list)
+        if not all(s.params.greedy for s in seqs):
+            tokens = self._sample(logits, seqs, tokens)
+        if raw_logprobs is None:
+            return fetch(tokens)[0], None
+        k = max(seqs[i].params.logprobs for i in want)
+        chosen = raw_logprobs.gather(1, self._rows(tokens, want)[:, None]).squeeze(1)
+        top = raw_logprobs.topk(k, dim=-1) if k else None
+        lists = fetch(tokens, chosen, *((top.values, top.indices) if top is not None else ()))
+        return lists[0], self._logprob_dicts(seqs, want, *lists)
+
+    def _rows(self, t: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        return t if len(rows) == t.shape[0] else t[to_device(rows, torch.long, self.device)]
 
     def _apply_penalties(self, logits, seqs):
+        """vLLM's rules for all penalised rows at once: repetition over prompt and output
+        tokens, presence and frequency over output tokens."""
         rows = [i for i, s in enumerate(seqs) if s.params.has_penalties]
         if not rows:
             return logits
-        logits = logits.clone()
-        for i in rows:  # penalties need each row's token history; a row's work is all on the device
-            p, seq = seqs[i].params, seqs[i]
-            row = logits[i]
-            if p.repetition_penalty != 1.0:
-                seen = torch.tensor(sorted(set(seq.token_ids)), device=logits.device)
-                vals = row[seen]
-                row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-            if (p.presence_penalty or p.frequency_penalty) and seq.num_output_tokens:
-                out = torch.tensor(seq.output_token_ids, device=logits.device)
-                counts = torch.bincount(out, minlength=logits.shape[-1])[: logits.shape[-1]].float()
-                row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
-        return logits
+        vocab = logits.shape[-1]
+        pen = [seqs[i] for i in rows]
+        outputs = [s.token_ids[s.num_prompt_tokens :] for s in pen]
+        prompts = [s.token_ids[: s.num_prompt_tokens] if s.params.repetition_penalty != 1.0 else [] for s in pen]
+        out_rows = list(chain.from_iterable(repeat(j, len(o)) for j, o in enumerate(outputs)))
+        prompt_rows = list(chain.from_iterable(repeat(j, len(p)) for j, p in enumerate(prompts)))
+        settings = [v for s in pen for v in (s.params.repetition_penalty, s.params.frequency_penalty,
+                                              s.params.presence_penalty)]
+        n_out, n_prompt = len(out_rows), len(prompt_rows)
+        # One copy: token rows and ids, then the settings' float64 bits.
+        host = torch.cat([
+            torch.tensor(out_rows + list(chain.from_iterable(outputs)) + prompt_rows
+                         + list(chain.from_iterable(prompts)), dtype=torch.long),
+            torch.tensor(settings, dtype=torch.float64).view(torch.long),
+        ])
+        data = to_device(host, torch.long, logits.device)
+        out_flat = data[:n_out] * vocab + data[n_out : 2 * n_out]
+        ids_end = 2 * (n_out + n_prompt)
+        prompt_flat = data[2 * n_out : 2 * n_out + n_prompt] * vocab + data[2 * n_out + n_prompt : ids_end]
+        settings = data[ids_end:].view(torch.float64).float().view(len(rows), 3)
+        rep, freq, presence = settings[:, 0:1], settings[:, 1:2], settings[:, 2:3]
+
+        counts = torch.zeros(len(rows), vocab, device=logits.device)
+        counts.view(-1).scatter_add_(0, out_flat, torch.ones(n_out, device=logits.device))
+        seen = counts > 0
+        seen.view(-1).scatter_(0, prompt_flat, True)
+        sub = self._rows(logits, rows)
+        sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
+        sub = sub - (freq * counts + presence * (counts > 0).float())
+        if len(rows) == logits.shape[0]:
+            return sub
+        return logits.index_put((to_device(rows, torch.long, logits.device),), sub)
 
     def _suppress_early_stops(self, logits, seqs, eos_ids):
-        rows = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens]
+        """Below min_tokens, a request's stop tokens (and EOS unless ignored) cannot be drawn."""
+        vocab = logits.shape[-1]
+        rows, cols = [], []
+        for i, s in enumerate(seqs):
+            p = s.params
+            if s.num_output_tokens < p.min_tokens:
+                banned = [t for t in chain(p.stop_token_ids, () if p.ignore_eos else eos_ids) if 0 <= t < vocab]
+                rows.extend(repeat(i, len(banned)))
+                cols.extend(banned)
         if not rows:
             return logits
-        logits = logits.clone()
-        for i in rows:
-            p = seqs[i].params
-            banned = list(p.stop_token_ids) + ([] if p.ignore_eos else list(eos_ids))
-            banned = [t for t in banned if 0 <= t < logits.shape[-1]]
-            if banned:
-                logits[i, banned] = float("-inf")
-        return logits
+        index = to_device(rows + cols, torch.long, logits.device)
+        return logits.index_put((index[: len(rows)], index[len(rows) :]), logits.new_full((), float("-inf")))
 
-    def _sample(self, logits, seqs):
-        # Greedy rows take the argmax later; 1.0 just keeps their division finite.
-        temps = torch.tensor([1.0 if s.params.greedy else s.params.temperature for s in seqs],
-                             device=logits.device)
-        logits = logits / temps[:, None]
-        logits = self._truncate(logits, seqs)
+    def _sample(self, logits, seqs, greedy_tokens):
+        vocab = logits.shape[-1]
+        # Greedy rows keep greedy_tokens; their temperature 1.0 just keeps the division finite.
+        settings = to_device(
+            [v for s in seqs for v in (1.0 if s.params.greedy else s.params.temperature, s.params.top_k or vocab,
+                                       s.params.top_p, s.params.min_p, float(s.params.greedy))],
+            torch.float32, logits.device,
+        ).view(len(seqs), 5)
+        logits = logits / settings[:, 0:1]
+        logits = self._truncate(logits, seqs, settings[:, 1].long(), settings[:, 2:3], settings[:, 3:4])
         probs = torch.softmax(logits, dim=-1)
         # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p.
         noise = torch.empty_like(probs).exponential_(generator=self.generator)
         for i, seq in enumerate(seqs):
             if seq.params.seed is not None and not seq.params.greedy:
                 noise[i].exponential_(generator=_seq_generator(seq, self.device))
-        return (probs / noise).argmax(dim=-1)
+        sampled = (probs / noise).argmax(dim=-1)
+        return torch.where(settings[:, 4] > 0, greedy_tokens, sampled)
 
-    def _truncate(self, logits, seqs):
-        top_k = [s.params.top_k for s in seqs]
-        top_p = [s.params.top_p for s in seqs]
-        min_p = [s.params.min_p for s in seqs]
-        if all(k == 0 for k in top_k) and all(p == 1.0 for p in top_p) and all(m == 0 for m in min_p):
+    @staticmethod
+    def _truncate(logits, seqs, top_k, top_p, min_p):
+        if all(s.params.top_k == 0 and s.params.top_p == 1.0 and s.params.min_p == 0 for s in seqs):
             return logits
-        device = logits.device
         sorted_logits, order = logits.sort(dim=-1, descending=True)
-        ranks = torch.arange(logits.shape[-1], device=device)[None, :]
-        k = torch.tensor([k or logits.shape[-1] for k in top_k], device=device)
-        drop = ranks >= k[:, None]
+        ranks = torch.arange(logits.shape[-1], device=logits.device)[None, :]
+        drop = ranks >= top_k[:, None]
         sorted_probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
         before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly above each token
-        drop |= before >= torch.tensor(top_p, device=device)[:, None]
-        drop |= sorted_probs < torch.tensor(min_p, device=device)[:, None] * sorted_probs[:, :1]
+        drop |= before >= top_p
+        drop |= sorted_probs < min_p * sorted_probs[:, :1]
         drop[:, 0] = False
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
-    def _top_logprobs(self, raw_logprobs, seqs, tokens):
-        if raw_logprobs is None:
-            return None
-        result = []
-        for i, seq in enumerate(seqs):
-            k = seq.params.logprobs
-            if k is None:
-                result.append(None)
-                continue
-            entry = {tokens[i]: float(raw_logprobs[i, tokens[i]])}
+    @staticmethod
+    def _logprob_dicts(seqs, want, tokens, chosen, top_values=None, top_ids=None):
+        result: list[dict[int, float] | None] = [None] * len(seqs)
+        for j, i in enumerate(want):
+            k = seqs[i].params.logprobs
+            entry = {tokens[i]: chosen[j]}
             if k:
-                values, ids = raw_logprobs[i].topk(k)
-                entry.update(zip(ids.tolist(), values.tolist()))
-            result.append(entry)
+                entry.update(zip(top_ids[j][:k], top_values[j][:k]))
+            result[i] = entry
         return result
 
 

@@ -27,6 +27,16 @@ class AttentionInputs:
     seq_lens: torch.Tensor  # [S] int32
     query_start_loc: torch.Tensor  # [S + 1] int32
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
+    # Optional host-side hints for kernels that take them (the Triton set; the torch reference
+    # takes none): set, they are passed to paged_attention as keyword arguments. A CUDA-graph
+    # decode sets all three so that the captured launches fit every replay.
+    max_query_len: int | None = None
+    max_seq_len: int | None = None
+    attn_out: torch.Tensor | None = None  # [T, H, D] output buffer shared by every layer
+
+    def attention_kwargs(self) -> dict:
+        hints = {"max_query_len": self.max_query_len, "max_seq_len": self.max_seq_len, "out": self.attn_out}
+        return {k: v for k, v in hints.items() if v is not None}
 
 
 class RMSNorm(nn.Module):
@@ -71,7 +81,8 @@ class Attention(nn.Module):
         k_cache, v_cache = inputs.kv_caches[self.layer]
         self.ops.write_kv_cache(k, v, k_cache, v_cache, inputs.slot_mapping)
         out = self.ops.paged_attention(
-            q, k_cache, v_cache, inputs.block_tables, inputs.seq_lens, inputs.query_start_loc, self.scale
+            q, k_cache, v_cache, inputs.block_tables, inputs.seq_lens, inputs.query_start_loc, self.scale,
+            **inputs.attention_kwargs(),
         )
         return self.o_proj(out.reshape(tokens, self.q_size))
 
