@@ -1,0 +1,37 @@
+"""The Flask application factory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flask import Flask
+
+from api.errors import register_error_handlers
+from api.store.settings import Settings
+
+
+@dataclass
+class Platform:
+    settings: Settings
+
+
+def create_app(settings: Settings | None = None, *, warm: bool = True) -> Flask:
+    """The WSGI app. `warm` loads the configured models' tokenizers now (before gunicorn forks its
+    workers) rather than on the first upload."""
+    from api.routes import jobs, meta, openai_batch
+
+    settings = settings or Settings.from_env()
+    if warm and settings.models:
+        from api.store.parsing import model_limits
+
+        model_limits(settings)
+    app = Flask("pagedbatch")
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_upload_bytes + (1 << 20)  # room for multipart framing
+    app.config["MAX_FORM_MEMORY_SIZE"] = 1 << 20
+    app.json.sort_keys = False
+    app.extensions["pagedbatch"] = Platform(settings)
+    register_error_handlers(app)
+    app.register_blueprint(meta.bp)
+    app.register_blueprint(jobs.bp)
+    app.register_blueprint(openai_batch.bp)
+    return app

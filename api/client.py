@@ -1,0 +1,133 @@
+"""A small HTTP client for the native API (stdlib only), used by `pagedbatch submit|status|wait|download`."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+TERMINAL = ("completed", "failed", "expired", "cancelled")
+
+
+class ApiError(RuntimeError):
+    def __init__(self, status: int, body: str):
+        try:
+            message = json.loads(body)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = body[:500]
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
+class _ProgressReader:
+    """A file wrapper that advances a tqdm bar as it is read."""
+
+    def __init__(self, f, bar):
+        self.f, self.bar = f, bar
+
+    def read(self, size=-1):
+        data = self.f.read(size)
+        if self.bar is not None:
+            self.bar.update(len(data))
+        return data
+
+
+class Client:
+    def __init__(self, base_url: str, timeout: float = 600):
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+
+    def _open(self, method: str, path: str, *, data=None, headers=None, params=None):
+        url = self.base_url + path
+        if params:
+            url += "?" + urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
+        request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+        try:
+            return urllib.request.urlopen(request, timeout=self.timeout)
+        except urllib.error.HTTPError as exc:
+            raise ApiError(exc.code, exc.read().decode(errors="replace")) from None
+
+    def _json(self, method: str, path: str, **kwargs) -> dict:
+        with self._open(method, path, **kwargs) as response:
+            return json.loads(response.read())
+
+    def submit(self, path, *, model: str, defaults=None, metadata=None, progress: bool = False) -> dict:
+        """Upload a JSONL file (streamed as an application/x-ndjson body) as a job."""
+        size = os.path.getsize(path)
+        params = {
+            "model": model,
+            "defaults": json.dumps(defaults) if defaults else None,
+            "metadata": json.dumps(metadata) if metadata else None,
+        }
+        bar = _bar(progress, size, "upload", "B")
+        with open(path, "rb") as f:
+            try:
+                return self._json(
+                    "POST",
+                    "/v1/jobs",
+                    data=_ProgressReader(f, bar),
+                    params=params,
+                    headers={"Content-Type": "application/x-ndjson", "Content-Length": str(size)},
+                )
+            finally:
+                if bar is not None:
+                    bar.close()
+
+    def job(self, job_id: str) -> dict:
+        return self._json("GET", f"/v1/jobs/{job_id}")
+
+    def cancel(self, job_id: str) -> dict:
+        return self._json("POST", f"/v1/jobs/{job_id}/cancel")
+
+    def wait(self, job_id: str, *, timeout: float | None = None, poll_s: float = 0.5, progress: bool = False):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        job = self.job(job_id)
+        bar = _bar(progress, job["request_counts"]["valid"], "requests", "req")
+        done = 0
+        try:
+            while job["status"] not in TERMINAL:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"job {job_id} is still {job['status']} after {timeout}s")
+                time.sleep(poll_s)
+                job = self.job(job_id)
+                finished = int(job["progress"] * job["request_counts"]["valid"])
+                if bar is not None and finished > done:
+                    bar.update(finished - done)
+                    done = finished
+            if bar is not None:
+                bar.update(max(job["request_counts"]["valid"] - done, 0))
+        finally:
+            if bar is not None:
+                bar.close()
+        return job
+
+    def download(
+        self, job_id: str, output, *, fmt: str = "parquet", errors: bool = False, progress: bool = False
+    ) -> Path:
+        path = f"/v1/jobs/{job_id}/errors" if errors else f"/v1/jobs/{job_id}/results"
+        output = Path(output)
+        tmp = output.with_name(output.name + ".part")
+        with self._open("GET", path, params=None if errors else {"format": fmt}) as response:
+            total = int(response.headers.get("Content-Length") or 0) or None
+            bar = _bar(progress, total, "download", "B")
+            with open(tmp, "wb") as f:
+                while chunk := response.read(1 << 20):
+                    f.write(chunk)
+                    if bar is not None:
+                        bar.update(len(chunk))
+            if bar is not None:
+                bar.close()
+        tmp.replace(output)
+        return output
+
+
+def _bar(enabled: bool, total, desc: str, unit: str):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", leave=True)

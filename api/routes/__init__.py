@@ -1,0 +1,1 @@
+"""Blueprints: the native jobs API, the OpenAI Batch-compatible API, and meta routes."""

@@ -1,0 +1,32 @@
+"""The OpenAPI document, health and model listing."""
+
+from __future__ import annotations
+
+from flask import Blueprint, jsonify
+from sqlalchemy import text
+
+from api.openapi import openapi_document
+from api.routes.common import settings
+from api.store.db import get_engine
+
+bp = Blueprint("meta", __name__)
+
+
+@bp.get("/openapi.json")
+def openapi():
+    return jsonify(openapi_document())
+
+
+@bp.get("/healthz")
+def healthz():
+    with get_engine(settings().database_url).connect() as conn:
+        conn.execute(text("select 1"))
+    return jsonify({"status": "ok"})
+
+
+@bp.get("/v1/models")
+def models():
+    data = [
+        {"id": name, "object": "model", "created": 0, "owned_by": "pagedbatch"} for name in settings().models
+    ]
+    return jsonify({"object": "list", "data": data})

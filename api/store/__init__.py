@@ -1,0 +1,1 @@
+"""The job store: request parsing, results storage (and, from other modules, the database side)."""

@@ -1,0 +1,117 @@
+"""SQLAlchemy models of the job store. The schema is changed only through migrations/."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+# OpenAI's batch status names, used by both API faces.
+VALIDATING, FAILED, IN_PROGRESS, FINALIZING = "validating", "failed", "in_progress", "finalizing"
+COMPLETED, EXPIRED, CANCELLING, CANCELLED = "completed", "expired", "cancelling", "cancelled"
+JOB_STATUSES = (VALIDATING, FAILED, IN_PROGRESS, FINALIZING, COMPLETED, EXPIRED, CANCELLING, CANCELLED)
+TERMINAL_STATUSES = (FAILED, COMPLETED, EXPIRED, CANCELLED)
+
+# Shard states.
+SHARD_QUEUED, SHARD_RUNNING, SHARD_DONE, SHARD_CANCELLED = "queued", "running", "done", "cancelled"
+
+
+class File(Base):
+    """An uploaded input file or a produced output/error file, stored under `storage_key`."""
+
+    __tablename__ = "files"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True, default="default")
+    purpose: Mapped[str] = mapped_column(String(32))  # batch | batch_output | batch_errors
+    filename: Mapped[str] = mapped_column(String(512))
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    line_count: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    storage_key: Mapped[str] = mapped_column(String(1024))
+    content_type: Mapped[str] = mapped_column(String(64), default="application/jsonl")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Job(Base):
+    """One batch job (an OpenAI batch): its status, counts and timestamps."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), default="default")
+    status: Mapped[str] = mapped_column(String(16), default=VALIDATING)
+    endpoint: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    model: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    defaults: Mapped[dict | None] = mapped_column(JSONType, nullable=True)
+    job_metadata: Mapped[dict | None] = mapped_column("metadata", JSONType, nullable=True)
+    completion_window: Mapped[str] = mapped_column(String(16), default="24h")
+    input_file_id: Mapped[str | None] = mapped_column(ForeignKey("files.id"), nullable=True)
+    output_file_id: Mapped[str | None] = mapped_column(ForeignKey("files.id"), nullable=True)
+    error_file_id: Mapped[str | None] = mapped_column(ForeignKey("files.id"), nullable=True)
+    # Counts. `request_total` is every input line; `invalid_lines` failed validation. The completed and
+    # failed counts and token usage are set from the durably written parts, never incremented.
+    request_total: Mapped[int] = mapped_column(Integer, default=0)
+    invalid_lines: Mapped[int] = mapped_column(Integer, default=0)
+    request_completed: Mapped[int] = mapped_column(Integer, default=0)
+    request_failed: Mapped[int] = mapped_column(Integer, default=0)  # includes the invalid lines
+    request_cancelled: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    shard_count: Mapped[int] = mapped_column(Integer, default=0)
+    errors: Mapped[list | None] = mapped_column(JSONType, nullable=True)  # the first validation errors
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    in_progress_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    finalizing_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    completed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    failed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    expired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    cancelling_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    cancelled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    __table_args__ = (
+        Index("ix_jobs_tenant_created", "tenant", "created_at", "id"),
+        Index("ix_jobs_tenant_status", "tenant", "status"),
+    )
+
+
+class Shard(Base):
+    """A slice of a job's valid requests (one model), run by one worker task, written as one part."""
+
+    __tablename__ = "shards"
+
+    id: Mapped[str] = mapped_column(String(96), primary_key=True)  # "<job id>.<index>"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    index: Mapped[int] = mapped_column(Integer)
+    model: Mapped[str] = mapped_column(String(256))
+    status: Mapped[str] = mapped_column(String(16), default=SHARD_QUEUED)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    request_count: Mapped[int] = mapped_column(Integer, default=0)
+    input_key: Mapped[str] = mapped_column(String(1024))
+    part_key: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    worker: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    # Set (not incremented) from the shard's written part, so a redelivered shard counts once.
+    completed: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    cancelled: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    __table_args__ = (Index("ix_shards_job_status", "job_id", "status"),)

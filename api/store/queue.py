@@ -1,0 +1,73 @@
+"""The broker side the API needs: Celery settings shared with the workers, and enqueueing by task name.
+
+The API never imports `workers`; it sends `RUN_SHARD` by name to the model's queue.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from celery import Celery
+
+from api.store.settings import Settings
+
+RUN_SHARD = "pagedbatch.run_shard"
+
+_lock = threading.Lock()
+_apps: dict[tuple[str, str], Celery] = {}
+
+
+def celery_config(settings: Settings) -> dict:
+    transport_options: dict = {"visibility_timeout": 6 * 3600}
+    if settings.broker_prefix:
+        transport_options["global_keyprefix"] = settings.broker_prefix
+    return {
+        "broker_url": settings.broker_url,
+        "broker_transport_options": transport_options,
+        "broker_connection_retry_on_startup": True,
+        "task_ignore_result": True,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "task_acks_on_failure_or_timeout": True,
+        "worker_prefetch_multiplier": 1,
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "worker_hijack_root_logger": False,
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
+    }
+
+
+def celery_client(settings: Settings) -> Celery:
+    """A Celery app for sending tasks (one per broker URL and prefix, per process)."""
+    if not settings.broker_url:
+        raise RuntimeError("no broker configured; set PAGEDBATCH_BROKER_URL")
+    key = (settings.broker_url, settings.broker_prefix)
+    with _lock:
+        app = _apps.get(key)
+        if app is None:
+            app = Celery("pagedbatch-client", set_as_current=False)
+            app.conf.update(celery_config(settings))
+            _apps[key] = app
+        return app
+
+
+def enqueue_shards(settings: Settings, shards: list[tuple[str, str]]) -> None:
+    """Send one RUN_SHARD task per (shard id, model name) to that model's queue."""
+    app = celery_client(settings)
+    with app.producer_or_acquire() as producer:
+        for shard_id, model in shards:
+            app.send_task(RUN_SHARD, args=[shard_id], queue=settings.queue_for(model), producer=producer)
+
+
+def purge_prefix(settings: Settings) -> int:
+    """Delete every broker key under `settings.broker_prefix` (tests and benchmarks clean up with this)."""
+    if not settings.broker_prefix:
+        raise ValueError("refusing to purge without a broker_prefix")
+    from kombu import Connection
+
+    with Connection(settings.broker_url) as conn:  # no key prefix on this client: patterns are literal
+        client = conn.default_channel.client
+        keys = list(client.scan_iter(match=settings.broker_prefix + "*", count=1000))
+        if keys:
+            client.delete(*keys)
+        return len(keys)

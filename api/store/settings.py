@@ -1,0 +1,92 @@
+"""Platform settings, read from PAGEDBATCH_* environment variables."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_HOME = Path(os.environ.get("PAGEDBATCH_HOME", "~/.pagedbatch")).expanduser()
+
+
+def parse_models(spec: str | list[str] | None) -> dict[str, str]:
+    """`NAME=PATH` items (a list, or one comma-separated string) as {name: path}.
+
+    A bare PATH is named after its last directory component.
+    """
+    if not spec:
+        return {}
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    models: dict[str, str] = {}
+    for item in (i.strip() for i in items):
+        if not item:
+            continue
+        name, sep, path = item.partition("=")
+        if not sep:
+            name, path = Path(item).name, item
+        if not name or not path:
+            raise ValueError(f"bad model spec {item!r}; expected NAME=PATH")
+        models[name] = path
+    return models
+
+
+def format_models(models: dict[str, str]) -> str:
+    return ",".join(f"{name}={path}" for name, path in models.items())
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value else default
+
+
+@dataclass
+class Settings:
+    database_url: str = ""
+    broker_url: str = ""
+    storage_url: str = ""
+    models: dict[str, str] = field(default_factory=dict)  # model name -> path, for validation
+    max_upload_bytes: int = 200 * 1024 * 1024
+    max_lines: int = 50_000
+    shard_size: int = 256
+    broker_prefix: str = ""  # a Redis key prefix, so several deployments can share one Redis db
+    queue_prefix: str = "pagedbatch"
+    cancel_poll_s: float = 0.25
+    default_tenant: str = "default"
+
+    @classmethod
+    def from_env(cls, **overrides) -> Settings:
+        env = os.environ
+        settings = cls(
+            database_url=env.get("PAGEDBATCH_DATABASE_URL", ""),
+            broker_url=env.get("PAGEDBATCH_BROKER_URL", ""),
+            storage_url=env.get("PAGEDBATCH_STORAGE_URL", str(DEFAULT_HOME / "storage")),
+            models=parse_models(env.get("PAGEDBATCH_MODELS", "")),
+            max_upload_bytes=_env_int("PAGEDBATCH_MAX_UPLOAD_BYTES", 200 * 1024 * 1024),
+            max_lines=_env_int("PAGEDBATCH_MAX_LINES", 50_000),
+            shard_size=_env_int("PAGEDBATCH_SHARD_SIZE", 256),
+            broker_prefix=env.get("PAGEDBATCH_BROKER_PREFIX", ""),
+            queue_prefix=env.get("PAGEDBATCH_QUEUE_PREFIX", "pagedbatch"),
+            cancel_poll_s=float(env.get("PAGEDBATCH_CANCEL_POLL_S", "0.25")),
+        )
+        for key, value in overrides.items():
+            if value is not None:
+                setattr(settings, key, value)
+        return settings
+
+    def to_env(self) -> dict[str, str]:
+        """The environment variables that reproduce these settings in another process."""
+        return {
+            "PAGEDBATCH_DATABASE_URL": self.database_url,
+            "PAGEDBATCH_BROKER_URL": self.broker_url,
+            "PAGEDBATCH_STORAGE_URL": self.storage_url,
+            "PAGEDBATCH_MODELS": format_models(self.models),
+            "PAGEDBATCH_MAX_UPLOAD_BYTES": str(self.max_upload_bytes),
+            "PAGEDBATCH_MAX_LINES": str(self.max_lines),
+            "PAGEDBATCH_SHARD_SIZE": str(self.shard_size),
+            "PAGEDBATCH_BROKER_PREFIX": self.broker_prefix,
+            "PAGEDBATCH_QUEUE_PREFIX": self.queue_prefix,
+            "PAGEDBATCH_CANCEL_POLL_S": str(self.cancel_poll_s),
+        }
+
+    def queue_for(self, model: str) -> str:
+        return f"{self.queue_prefix}.{model}"

@@ -1,0 +1,287 @@
+"""Platform overhead: a 10,000-request job end to end (API -> Redis -> one worker -> Parquet) against the
+same requests through the offline engine in the same run. Also: accepting and validating a 50,000-line
+file, and the p99 latency of GET /v1/jobs/<id> under 100 concurrent pollers.
+
+    python bench/platform.py [--requests 10000] [--max-tokens 16] [--model DIR]
+
+Uses PostgreSQL/Redis on 127.0.0.1 when they answer, else embedded ones. Targets: overhead <= 1.15,
+validation < 5 s, and a p99 that stays in the tens of milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# This file is named like the stdlib's `platform`, which torch imports: take its directory off the path.
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() != HERE]
+
+from api.embedded import EmbeddedPostgres, EmbeddedRedis, create_database, drop_database, port_open  # noqa: E402
+from api.store.settings import Settings  # noqa: E402
+
+
+def spawn(cmd: list[str], log, **kwargs) -> subprocess.Popen:
+    """Start `cmd` with its output going to the file `log`."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, **kwargs)
+
+
+def make_requests(n: int, max_tokens: int) -> bytes:
+    lines = []
+    for i in range(n):
+        if i % 2:
+            body = {
+                "model": "bench",
+                "messages": [{"role": "user", "content": f"Question {i}: say something."}],
+            }
+            url = "/v1/chat/completions"
+        else:
+            body = {"model": "bench", "prompt": f"Request number {i} is about"}
+            url = "/v1/completions"
+        body.update(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+        lines.append(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": url, "body": body}))
+    return ("\n".join(lines) + "\n").encode()
+
+
+def post_jsonl(base: str, data: bytes, model: str) -> dict:
+    req = urllib.request.Request(
+        f"{base}/v1/jobs?model={model}",
+        data=data,
+        method="POST",
+        headers={"Content-Type": "application/x-ndjson"},
+    )
+    return json.loads(urllib.request.urlopen(req, timeout=600).read())
+
+
+def get_json(base: str, path: str, method: str = "GET") -> dict:
+    req = urllib.request.Request(base + path, method=method)
+    return json.loads(urllib.request.urlopen(req, timeout=60).read())
+
+
+def wait_until_ready(base: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(base + "/healthz", timeout=2)
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError("API did not come up")
+
+
+def poll_latencies(port: int, job_id: str, pollers: int, per_poller: int) -> list[float]:
+    latencies: list[float] = []
+    lock = threading.Lock()
+    start = threading.Barrier(pollers)
+
+    def poll():
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        mine = []
+        start.wait()
+        for _ in range(per_poller):
+            t = time.perf_counter()
+            conn.request("GET", f"/v1/jobs/{job_id}")
+            resp = conn.getresponse()
+            resp.read()
+            mine.append(time.perf_counter() - t)
+        conn.close()
+        with lock:
+            latencies.extend(mine)
+
+    threads = [threading.Thread(target=poll) for _ in range(pollers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return latencies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--validate-lines", type=int, default=50_000)
+    parser.add_argument("--pollers", type=int, default=100)
+    parser.add_argument("--polls-each", type=int, default=20)
+    parser.add_argument("--model", help="model directory (default: a tiny random model)")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--shard-size", type=int, default=256)
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--api-workers", type=int, default=2, help="gunicorn worker processes")
+    args = parser.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="pagedbatch-bench-"))
+    if args.model:
+        model_path = args.model
+    else:
+        from engine.tiny import write_tiny_model
+
+        model_path = str(write_tiny_model(tmp / "tiny", arch="qwen3"))
+    data = make_requests(args.requests, args.max_tokens)
+    src = tmp / "requests.jsonl"
+    src.write_bytes(data)
+
+    # ---- offline ----
+    from workers.offline import run_offline
+
+    t = time.perf_counter()
+    run_offline(str(src), str(tmp / "offline.parquet"), model_path, progress=False)
+    offline_s = time.perf_counter() - t
+
+    # ---- services ----
+    stops = []
+    if port_open("127.0.0.1", 5432):
+        admin = "postgresql://postgres@127.0.0.1:5432/postgres"
+    else:
+        pg = EmbeddedPostgres(tmp / "pgdata")
+        stops.append(pg.stop)
+        admin = pg.url("postgres")
+    if port_open("127.0.0.1", 6379):
+        broker = "redis://127.0.0.1:6379/0"
+    else:
+        redis = EmbeddedRedis(tmp / "redis.db")
+        stops.append(redis.stop)
+        broker = redis.url
+    token = secrets.token_hex(4)
+    db = f"pagedbatch_bench_{token}"
+    create_database(admin, db)
+    base_admin, _, query = admin.partition("?")
+    settings = Settings(
+        database_url=base_admin.rsplit("/", 1)[0] + "/" + db + ("?" + query if query else ""),
+        broker_url=broker,
+        storage_url=str(tmp / "storage"),
+        models={"bench": model_path},
+        shard_size=args.shard_size,
+        broker_prefix=f"pbbench-{token}:",
+        queue_prefix=f"pbbench-{token}",
+        max_lines=max(args.validate_lines, args.requests),
+    )
+    from api.store.migrate import upgrade
+
+    upgrade(settings.database_url)
+    env = {**os.environ, **settings.to_env()}
+    procs = []
+    try:
+        procs.append(
+            spawn(
+                [
+                    sys.executable,
+                    "-m",
+                    "pagedbatch",
+                    "worker",
+                    "--model",
+                    f"bench={model_path}",
+                    f"--concurrency={args.concurrency}",
+                    "--loglevel=info",
+                ],
+                env=env,
+                cwd=REPO,
+                log=tmp / "worker.log",
+            )
+        )
+        procs.append(
+            spawn(
+                [
+                    sys.executable,
+                    "-m",
+                    "pagedbatch",
+                    "api",
+                    "--host",
+                    "127.0.0.1",
+                    f"--port={args.port}",
+                    f"--workers={args.api_workers}",
+                    "--threads=16",
+                ],
+                env=env,
+                cwd=REPO,
+                log=tmp / "api.log",
+            )
+        )
+        base = f"http://127.0.0.1:{args.port}"
+        wait_until_ready(base)
+        deadline = time.monotonic() + 120
+        while b" ready." not in (tmp / "worker.log").read_bytes():
+            if time.monotonic() > deadline:
+                raise RuntimeError("worker did not come up")
+            time.sleep(0.2)
+        time.sleep(1.0)
+
+        # ---- platform end to end ----
+        t = time.perf_counter()
+        job = post_jsonl(base, data, "bench")
+        submit_s = time.perf_counter() - t
+        while job["status"] not in ("completed", "failed", "cancelled"):
+            time.sleep(0.1)
+            job = get_json(base, f"/v1/jobs/{job['id']}")
+        with urllib.request.urlopen(f"{base}/v1/jobs/{job['id']}/results", timeout=600) as r:
+            (tmp / "platform.parquet").write_bytes(r.read())
+        platform_s = time.perf_counter() - t
+        assert job["status"] == "completed" and job["request_counts"]["completed"] == args.requests, job
+        finalize_s = job["completed_at"] - job["finalizing_at"]  # whole seconds
+
+        # ---- accept and validate a large file ----
+        big = make_requests(args.validate_lines, 4)
+        t = time.perf_counter()
+        vjob = post_jsonl(base, big, "bench")
+        validate_s = time.perf_counter() - t
+        get_json(base, f"/v1/jobs/{vjob['id']}/cancel", method="POST")
+
+        # ---- GET /v1/jobs/<id> under concurrent pollers ----
+        lat = sorted(poll_latencies(args.port, job["id"], args.pollers, args.polls_each))
+        p50 = statistics.median(lat)
+        p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        from api.store.db import dispose_all
+        from api.store.queue import purge_prefix
+
+        dispose_all()
+        purge_prefix(settings)
+        try:
+            drop_database(admin, db)
+        except Exception as exc:  # noqa: BLE001
+            print(f"(could not drop {db}: {exc})", file=sys.stderr)
+        for stop in stops:
+            stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    ratio = platform_s / offline_s
+    rows = [
+        ("requests", f"{args.requests:,} x max_tokens {args.max_tokens}", ""),
+        ("offline engine (pagedbatch run)", f"{offline_s:.2f} s", ""),
+        ("platform: API + Redis + 1 worker", f"{platform_s:.2f} s", ""),
+        ("  of which: upload + validate + enqueue", f"{submit_s:.2f} s", ""),
+        ("  of which: finalize (merge, output files)", f"~{finalize_s} s", "whole seconds"),
+        ("overhead ratio", f"{ratio:.3f}", "target <= 1.15"),
+        (f"accept + validate {args.validate_lines:,} lines", f"{validate_s:.2f} s", "target < 5 s"),
+        (f"GET /v1/jobs/<id>, {args.pollers} pollers: p50", f"{p50 * 1000:.1f} ms", ""),
+        (f"GET /v1/jobs/<id>, {args.pollers} pollers: p99", f"{p99 * 1000:.1f} ms", ""),
+    ]
+    width = max(len(r[0]) for r in rows)
+    print(f"{'metric':<{width}}  {'value':>24}  note")
+    for name, value, note in rows:
+        print(f"{name:<{width}}  {value:>24}  {note}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,244 @@
+"""Fixtures for the platform tests: real PostgreSQL and Redis, a real Celery worker process, a live API.
+
+PostgreSQL and Redis are the running services when they answer (URLs from PAGEDBATCH_TEST_POSTGRES_URL
+and PAGEDBATCH_TEST_REDIS_URL, defaulting to 127.0.0.1), else embedded ones started here. Each test
+session gets its own database (created and dropped) and its own Redis key prefix and queue names.
+
+Test modules import the fixtures: `from tests.platform_fixtures import platform, client  # noqa: F401`.
+The harness is built once per process however many modules import it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+from api.embedded import EmbeddedPostgres, EmbeddedRedis, create_database, drop_database, port_open
+from api.store.settings import Settings
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "tiny"
+
+
+def spawn(cmd: list[str], log, **kwargs) -> subprocess.Popen:
+    """Start `cmd` with its output going to the file `log`."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, **kwargs)
+
+
+def _services(tmp: Path):
+    """(admin postgres URL, redis URL, things to stop) for this session."""
+    stops = []
+    pg_url = os.environ.get("PAGEDBATCH_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+    parsed = urlparse(pg_url)
+    if not port_open(parsed.hostname or "127.0.0.1", parsed.port or 5432):
+        pg = EmbeddedPostgres(tmp / "pgdata")
+        stops.append(pg.stop)
+        pg_url = pg.url("postgres")
+    redis_url = os.environ.get("PAGEDBATCH_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+    parsed = urlparse(redis_url)
+    if not port_open(parsed.hostname or "127.0.0.1", parsed.port or 6379):
+        redis = EmbeddedRedis(tmp / "redis.db")
+        stops.append(redis.stop)
+        redis_url = redis.url
+    return pg_url, redis_url, stops
+
+
+def _database_url(admin_url: str, name: str) -> str:
+    base, _, query = admin_url.partition("?")
+    base = base.rsplit("/", 1)[0] + "/" + name
+    return base + ("?" + query if query else "")
+
+
+class Harness:
+    def __init__(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="pagedbatch-test-"))
+        self.admin_url, self.redis_url, self._stops = _services(self.tmp)
+        token = secrets.token_hex(4)
+        self.db_name = f"pagedbatch_test_{token}"
+        create_database(self.admin_url, self.db_name)
+        from engine.tiny import write_tiny_model
+
+        self.model_path = str(write_tiny_model(self.tmp / "tiny-model", arch="qwen3"))
+        self.settings = Settings(
+            database_url=_database_url(self.admin_url, self.db_name),
+            broker_url=self.redis_url,
+            storage_url=str(self.tmp / "storage"),
+            models={MODEL: self.model_path},
+            shard_size=8,
+            broker_prefix=f"pbtest-{token}:",
+            queue_prefix=f"pbtest-{token}",
+            cancel_poll_s=0.1,
+        )
+        from api.store.migrate import upgrade
+
+        upgrade(self.settings.database_url)
+        self._worker: subprocess.Popen | None = None
+        self._server = None
+        self.base_url: str | None = None
+        self._lock = threading.Lock()
+
+    # ---- a real worker process --------------------------------------------------------------
+
+    def start_worker(self, concurrency: int = 4, timeout: float = 120) -> None:
+        with self._lock:
+            if self._worker is not None and self._worker.poll() is None:
+                return
+            log = self.tmp / "worker.log"
+            env = {**os.environ, **self.settings.to_env(), "PYTHONUNBUFFERED": "1"}
+            self._worker = spawn(
+                [
+                    sys.executable,
+                    "-m",
+                    "pagedbatch",
+                    "worker",
+                    "--model",
+                    f"{MODEL}={self.model_path}",
+                    f"--concurrency={concurrency}",
+                    "--loglevel=info",
+                    "--device=cpu",
+                ],
+                cwd=REPO,
+                env=env,
+                log=log,
+            )
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                text = log.read_text(errors="replace") if log.exists() else ""
+                if " ready." in text:
+                    return
+                if self._worker.poll() is not None:
+                    raise RuntimeError(f"worker exited with {self._worker.returncode}:\n{text[-4000:]}")
+                time.sleep(0.2)
+            raise RuntimeError(f"worker not ready after {timeout}s:\n{log.read_text()[-4000:]}")
+
+    def worker_log(self) -> str:
+        log = self.tmp / "worker.log"
+        return log.read_text(errors="replace") if log.exists() else ""
+
+    def stop_worker(self) -> None:
+        if self._worker is not None and self._worker.poll() is None:
+            self._worker.terminate()
+            try:
+                self._worker.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._worker.kill()
+        self._worker = None
+
+    # ---- a live API server ------------------------------------------------------------------
+
+    def app(self, **overrides):
+        from api.app import create_app
+
+        settings = dataclasses.replace(self.settings, **overrides)
+        return create_app(settings)
+
+    def start_server(self) -> str:
+        with self._lock:
+            if self.base_url is None:
+                from werkzeug.serving import make_server
+
+                self._server = make_server("127.0.0.1", 0, self.app(), threaded=True)
+                threading.Thread(target=self._server.serve_forever, daemon=True).start()
+                self.base_url = f"http://127.0.0.1:{self._server.server_port}"
+            return self.base_url
+
+    def close(self) -> None:
+        self.stop_worker()
+        if self._server is not None:
+            self._server.shutdown()
+        from api.store.db import dispose_all
+
+        dispose_all()
+        with contextlib.suppress(Exception):
+            drop_database(self.admin_url, self.db_name)
+        with contextlib.suppress(Exception):
+            from api.store.queue import purge_prefix
+
+            purge_prefix(self.settings)
+        for stop in reversed(self._stops):
+            with contextlib.suppress(Exception):
+                stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+_harness: Harness | None = None
+
+
+@pytest.fixture(scope="session")
+def platform(request) -> Harness:
+    global _harness
+    if _harness is None:
+        _harness = Harness()
+        request.config.add_cleanup(_harness.close)
+    return _harness
+
+
+@pytest.fixture
+def client(platform):
+    """A Flask test client on the platform's settings."""
+    return platform.app().test_client()
+
+
+@pytest.fixture(scope="session")
+def worker(platform) -> Harness:
+    platform.start_worker()
+    return platform
+
+
+@pytest.fixture(scope="session")
+def live_url(platform) -> str:
+    return platform.start_server()
+
+
+def chat_line(custom_id: str, content: str, max_tokens: int = 4, **body) -> dict:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            **body,
+        },
+    }
+
+
+def completion_line(custom_id: str, prompt: str, max_tokens: int = 4, **body) -> dict:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/completions",
+        "body": {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **body},
+    }
+
+
+def jsonl(lines) -> bytes:
+    import json
+
+    return "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines).encode()
+
+
+def wait_for(get, statuses=("completed", "failed", "cancelled", "expired"), timeout: float = 120, poll=0.2):
+    deadline = time.monotonic() + timeout
+    while True:
+        obj = get()
+        if obj["status"] in statuses:
+            return obj
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"still {obj['status']} after {timeout}s: {obj}")
+        time.sleep(poll)

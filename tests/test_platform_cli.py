@@ -1,0 +1,92 @@
+"""The command line: `pagedbatch serve` on embedded PostgreSQL and Redis, the client commands, `run`."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from pagedbatch.cli import main
+from tests.platform_fixtures import REPO, chat_line, completion_line, jsonl, platform, spawn  # noqa: F401
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(platform, tmp_path_factory):  # noqa: F811
+    """`pagedbatch serve` with no database or broker configured: everything embedded."""
+    data = tmp_path_factory.mktemp("serve")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAGEDBATCH_")}
+    env["XDG_RUNTIME_DIR"] = str(data)
+    log = data / "serve.log"
+    proc = spawn(
+        [
+            sys.executable,
+            "-m",
+            "pagedbatch",
+            "serve",
+            "--model",
+            f"tiny={platform.model_path}",
+            f"--port={port}",
+            f"--data-dir={data / 'home'}",
+            "--device=cpu",
+        ],
+        cwd=REPO,
+        env=env,
+        log=log,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while "serving on" not in log.read_text(errors="replace"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("pagedbatch serve did not start:\n" + log.read_text(errors="replace")[-4000:])
+        time.sleep(0.2)
+    yield url
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("pagedbatch serve did not stop on SIGTERM")
+
+
+def test_serve_and_client_commands(served, tmp_path, capsys):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(jsonl([chat_line(f"s{i}", f"hello {i}") for i in range(6)] + ["{bad"]))
+    out = tmp_path / "out.parquet"
+    assert main(["submit", str(src), "--model", "tiny", "--url", served, "-o", str(out), "-q"]) == 0
+    job_id = capsys.readouterr().out.strip().splitlines()[-1]
+    assert job_id.startswith("batch_")
+    rows = pq.read_table(out).to_pylist()
+    assert sorted(r["custom_id"] for r in rows if r["status"] == "completed") == [f"s{i}" for i in range(6)]
+
+    assert main(["status", job_id, "--url", served]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "completed"
+    assert main(["wait", job_id, "--url", served, "-q"]) == 0
+    capsys.readouterr()
+    jl = tmp_path / "out.jsonl"
+    assert main(["download", job_id, "-o", str(jl), "--format", "jsonl", "--url", served, "-q"]) == 0
+    assert len(jl.read_text().splitlines()) == 6
+    errors = tmp_path / "errors.jsonl"
+    assert main(["download", job_id, "-o", str(errors), "--errors", "--url", served, "-q"]) == 0
+    assert len(errors.read_text().splitlines()) == 1
+
+
+def test_offline_run_command(platform, tmp_path):  # noqa: F811
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(jsonl([completion_line(f"o{i}", f"offline {i}") for i in range(5)] + ["nope"]))
+    out = tmp_path / "offline.parquet"
+    assert main(["run", str(src), "-o", str(out), "--model", platform.model_path, "-q", "--device=cpu"]) == 0
+    rows = pq.read_table(out).to_pylist()
+    assert [r["status"] for r in rows] == ["completed"] * 5 + ["failed"]

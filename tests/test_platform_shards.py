@@ -1,0 +1,117 @@
+"""Shards in process with a fake engine: redelivery never double counts, finalization happens once."""
+
+import threading
+from concurrent.futures import Future
+
+from sqlalchemy import update
+
+from api.store import lifecycle
+from api.store.db import session_scope
+from api.store.models import SHARD_RUNNING, Shard
+from engine.outputs import CompletionOutput, RequestOutput
+from tests.platform_fixtures import MODEL, chat_line, jsonl, platform  # noqa: F401
+from workers import shard_runner
+
+
+class FakeHost:
+    tokenizer = None
+
+    def __init__(self):
+        self.submitted = 0
+
+    def submit(self, request_id, prompt, params):
+        self.submitted += 1
+        future = Future()
+        ids = prompt["prompt_token_ids"]
+        future.set_result(RequestOutput(request_id, None, ids, [CompletionOutput(0, "ok", [7, 8], "length")]))
+        return future
+
+    def abort(self, request_ids):
+        return 0
+
+
+class FakeWatcher:
+    def register(self, job_id, request_ids):
+        pass
+
+    def unregister(self, job_id, request_ids):
+        pass
+
+    def is_cancelled(self, job_id):
+        return False
+
+
+def _job_without_worker(platform, n):  # noqa: F811
+    # a queue no worker listens to: the shards are run here instead
+    app = platform.app(queue_prefix="pbtest-noworker-" + platform.settings.queue_prefix)
+    r = app.test_client().post(
+        f"/v1/jobs?model={MODEL}",
+        data=jsonl([chat_line(f"r{i}", "hi") for i in range(n)]),
+        content_type="application/x-ndjson",
+    )
+    assert r.status_code == 201
+    return app.extensions["pagedbatch"].settings, r.get_json()
+
+
+def test_redelivered_shard_is_counted_once(platform):  # noqa: F811
+    settings, job = _job_without_worker(platform, 20)
+    shard_ids = [f"{job['id']}.{i:05d}" for i in range(job["shards"])]
+    host, watcher = FakeHost(), FakeWatcher()
+    assert shard_runner.run_shard(settings, host, watcher, shard_ids[0]) == "done"
+    # the worker died after writing the part but before the ack: the task comes back
+    with session_scope(settings.database_url) as s:
+        s.execute(update(Shard).where(Shard.id == shard_ids[0]).values(status=SHARD_RUNNING))
+    assert shard_runner.run_shard(settings, host, watcher, shard_ids[0]) == "done"
+    # a redelivery of a shard marked done is skipped
+    assert shard_runner.run_shard(settings, host, watcher, shard_ids[0]) == "skipped"
+    progress = lifecycle.job_progress(settings, lifecycle.get_job(settings, "default", job["id"]))
+    assert progress.completed == 8 and progress.completion_tokens == 16
+    for shard_id in shard_ids[1:]:
+        shard_runner.run_shard(settings, host, watcher, shard_id)
+    final = lifecycle.get_job(settings, "default", job["id"])
+    assert final.status == "completed"
+    assert (final.request_completed, final.request_failed, final.completion_tokens) == (20, 0, 40)
+    assert len(lifecycle.results_store(settings).list_parts(job["id"])) == 3
+    with session_scope(settings.database_url) as s:
+        attempts = s.get(Shard, shard_ids[0]).attempts
+    assert attempts == 2
+
+
+def test_finalize_runs_once_under_races(platform):  # noqa: F811
+    settings, job = _job_without_worker(platform, 5)
+    shard_id = f"{job['id']}.00000"
+    claim = lifecycle.claim_shard(settings, shard_id, "test")
+    assert claim is not None and claim.attempt == 1
+    shard_runner._write_part(settings, job["id"], shard_id, [])
+    results = []
+    threads = [
+        threading.Thread(target=lambda: results.append(lifecycle.maybe_finalize(settings, job["id"])))
+        for _ in range(6)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results.count(True) == 1
+    assert lifecycle.get_job(settings, "default", job["id"]).status == "completed"
+
+
+def test_cancel_before_any_worker_runs(platform):  # noqa: F811
+    settings, job = _job_without_worker(platform, 12)
+    client = platform.app(queue_prefix=settings.queue_prefix).test_client()
+    done = client.post(f"/v1/jobs/{job['id']}/cancel").get_json()
+    assert done["status"] == "cancelled"  # nothing was running: every shard was dropped from the queue
+    assert done["request_counts"]["cancelled"] == 12 and done["request_counts"]["completed"] == 0
+    assert client.post(f"/v1/jobs/{job['id']}/cancel").get_json()["status"] == "cancelled"
+    # the late task is skipped
+    assert shard_runner.run_shard(settings, FakeHost(), FakeWatcher(), f"{job['id']}.00000") == "skipped"
+    errors = client.get(f"/v1/jobs/{job['id']}/errors").data.splitlines()
+    assert len(errors) == 12
+
+
+def test_finished_job_cannot_be_cancelled(platform):  # noqa: F811
+    settings, job = _job_without_worker(platform, 3)
+    shard_runner.run_shard(settings, FakeHost(), FakeWatcher(), f"{job['id']}.00000")
+    client = platform.app(queue_prefix=settings.queue_prefix).test_client()
+    r = client.post(f"/v1/jobs/{job['id']}/cancel")
+    assert r.status_code == 409

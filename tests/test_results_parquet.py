@@ -1,0 +1,235 @@
+"""Parquet results: rows, atomic parts, overwrite, merge, counts and OpenAI JSONL, local and memory://."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from api.store import requests as rq
+from api.store import results as rs
+from engine.outputs import CompletionOutput, RequestOutput
+from engine.sampling_params import SamplingParams
+
+T0 = 1_700_000_000.0
+
+
+def _request(line: int, url: str = rq.CHAT_URL, n: int = 1) -> rq.ParsedRequest:
+    return rq.ParsedRequest(
+        line=line, custom_id=f"req-{line}", url=url, model="tiny", prompt_token_ids=[1, 2, 3],
+        sampling_params=SamplingParams(n=n, max_tokens=4), body={"model": "tiny"},
+    )  # fmt: skip
+
+
+def _output(line: int, n: int = 1, finish_reason: str = "stop") -> RequestOutput:
+    choices = [
+        CompletionOutput(
+            index=i, text=f"answer {line}.{i}", token_ids=[7] * (i + 2), finish_reason=finish_reason
+        )
+        for i in range(n)
+    ]
+    return RequestOutput(request_id=str(line), prompt=None, prompt_token_ids=[1, 2, 3], outputs=choices)
+
+
+def _completed(line: int, **kwargs) -> dict:
+    return rs.completed_row(
+        _request(line), _output(line), created_at=T0, started_at=T0 + 1, finished_at=T0 + 1.5, **kwargs
+    )
+
+
+def _rows(lines, shard="s") -> list[dict]:
+    rows = []
+    for line in lines:
+        if line % 5 == 0:
+            rows.append(
+                rs.error_row(rq.LineError(line, f"req-{line}", rq.INVALID_JSON, "bad json"), shard_id=shard)
+            )
+        elif line % 7 == 0:
+            rows.append(rs.cancelled_row(_request(line), shard_id=shard))
+        else:
+            rows.append(_completed(line, shard_id=shard))
+    return rows
+
+
+@pytest.fixture(params=["local", "memory"])
+def store(request, tmp_path):
+    if request.param == "local":
+        yield rs.ResultsStore(str(tmp_path / "results"))
+    else:
+        url = f"memory://results-{uuid.uuid4().hex}"
+        store = rs.ResultsStore(url)
+        yield store
+        if store.fs.exists(store.root):
+            store.fs.rm(store.root, recursive=True)
+
+
+def _all_files(store) -> list[str]:
+    try:
+        return sorted(store.fs.find(store.root))
+    except FileNotFoundError:
+        return []
+
+
+def test_rows_follow_the_schema():
+    row = _completed(3, shard_id="job.0")
+    table = rs.rows_to_table([row, _completed(1)])
+    assert table.schema == rs.RESULT_SCHEMA
+    assert table.column("line").to_pylist() == [1, 3]
+    got = table.to_pylist()[1]
+    assert (got["status"], got["output_text"], got["output_token_ids"], got["finish_reason"]) == (
+        "completed", "answer 3.0", [7, 7], "stop"
+    )  # fmt: skip
+    assert (got["prompt_tokens"], got["completion_tokens"], got["latency_ms"]) == (3, 2, 500.0)
+    assert got["started_at"] == datetime.fromtimestamp(T0 + 1, UTC)
+    body = json.loads(got["response_body"])
+    assert body["object"] == "chat.completion" and body["usage"]["total_tokens"] == 5
+
+
+def test_n_choices_keep_choice_zero_in_columns_and_all_in_the_body():
+    row = rs.completed_row(_request(1, n=3), _output(1, n=3))
+    assert row["output_text"] == "answer 1.0" and row["completion_tokens"] == 2 + 3 + 4
+    body = json.loads(row["response_body"])
+    assert [c["message"]["content"] for c in body["choices"]] == ["answer 1.0", "answer 1.1", "answer 1.2"]
+
+
+def test_aborted_output_is_a_cancelled_row():
+    row = rs.completed_row(_request(1), _output(1, finish_reason="abort"))
+    assert (row["status"], row["error_code"], row["response_body"]) == ("cancelled", rs.ABORTED_CODE, None)
+    with pytest.raises(ValueError):
+        rs.failed_row(1, "x", "c", "m", status="completed")
+
+
+def test_write_part_overwrites_and_leaves_no_temp_files(store):
+    first = store.write_part("job1", "job1.0", _rows(range(1, 11)))
+    assert store.list_parts("job1") == [first]
+    second = store.write_part("job1", "job1.0", _rows(range(1, 4)))  # a redelivered shard
+    assert second == first and store.list_parts("job1") == [first]
+    assert store.read_part(first).num_rows == 3
+    assert all(not f.rsplit("/", 1)[-1].startswith(".") for f in _all_files(store))
+    assert store.list_parts("nope") == []
+
+
+def test_failed_write_keeps_the_old_part(store, monkeypatch):
+    path = store.write_part("job1", "s0", _rows([1, 2]))
+
+    def broken(table, where, **kwargs):
+        where.write(b"PAR1 half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(rs.pq, "write_table", broken)
+    with pytest.raises(OSError, match="disk full"):
+        store.write_part("job1", "s0", _rows([1, 2, 3]))
+    monkeypatch.undo()
+    assert store.read_part(path).num_rows == 2
+    assert _all_files(store) == [path]
+
+
+def test_merge_counts_and_jsonl(store):
+    # shards written out of order; each part sorted by line
+    store.write_part("job1", "job1.2", _rows(range(21, 31), "job1.2"))
+    store.write_part("job1", "job1.0", _rows(range(1, 11), "job1.0"))
+    store.write_part("job1", "job1.1", list(reversed(_rows(range(11, 21), "job1.1"))))
+    counts = store.count("job1")
+    lines = range(1, 31)
+    failed = [i for i in lines if i % 5 == 0]
+    cancelled = [i for i in lines if i % 5 and i % 7 == 0]
+    completed = [i for i in lines if i not in failed and i not in cancelled]
+    assert counts == rs.ResultCounts(
+        total=30, completed=len(completed), failed=len(failed), cancelled=len(cancelled),
+        prompt_tokens=3 * (len(completed) + len(cancelled)), completion_tokens=2 * len(completed),
+    )  # fmt: skip
+
+    # JSONL straight from the parts, then from the merged file: same lines, same ids, line order
+    from_parts = list(store.iter_output_jsonl("job1")), list(store.iter_error_jsonl("job1"))
+    merged = store.merge("job1")
+    assert merged == store.merged_path("job1")
+    table = pq.read_table(store.fs.open(merged, "rb"))
+    assert table.schema == rs.RESULT_SCHEMA and table.column("line").to_pylist() == list(lines)
+    out, err = list(store.iter_output_jsonl("job1")), list(store.iter_error_jsonl("job1"))
+    assert (out, err) == from_parts
+    assert rs.count_results(store.url_for(merged)) == counts
+
+    assert all(s.endswith("\n") for s in out + err)
+    outputs = [json.loads(s) for s in out]
+    assert [o["custom_id"] for o in outputs] == [f"req-{i}" for i in completed]
+    first = outputs[0]
+    assert set(first) == {"id", "custom_id", "response", "error"} and first["error"] is None
+    assert first["id"].startswith("batch_req_") and first["response"]["request_id"].startswith("req_")
+    assert first["response"]["status_code"] == 200
+    assert first["response"]["body"]["choices"][0]["message"]["content"] == "answer 1.0"
+
+    errors = {e["custom_id"]: e for e in map(json.loads, err)}
+    assert list(errors) == [f"req-{i}" for i in lines if i in failed or i in cancelled]
+    bad = errors["req-5"]
+    assert bad["error"] is None and bad["response"]["status_code"] == 400
+    assert bad["response"]["body"]["error"]["code"] == rq.INVALID_JSON
+    gone = errors["req-7"]
+    assert gone["response"] is None and gone["error"] == {
+        "code": rs.CANCELLED_CODE,
+        "message": "the batch was cancelled",
+    }
+
+    assert list(store.iter_output_jsonl("job1")) == out  # ids are stable
+    assert json.loads(next(rs.iter_output_jsonl(store.url_for(merged), id_seed="other")))["id"] != first["id"]
+
+
+def test_merge_of_overlapping_parts_sorts_them(store):
+    store.write_part("job2", "a", _rows([1, 3, 5]))
+    store.write_part("job2", "b", _rows([2, 4, 6]))
+    merged = store.merge("job2")
+    with store.fs.open(merged, "rb") as f:
+        assert pq.read_table(f).column("line").to_pylist() == [1, 2, 3, 4, 5, 6]
+    assert [json.loads(s)["custom_id"] for s in store.iter_output_jsonl("job2")] == [
+        f"req-{i}" for i in (1, 2, 3, 4, 6)
+    ]  # fmt: skip
+
+
+def test_large_merge_streams_in_line_order(store):
+    for shard in range(3):
+        store.write_part(
+            "big", f"big.{shard}", [_completed(line) for line in range(shard * 1500 + 1, shard * 1500 + 1501)]
+        )
+    merged = store.merge("big")
+    with store.fs.open(merged, "rb") as f:
+        parquet = pq.ParquetFile(f)
+        assert parquet.metadata.num_rows == 4500 and parquet.metadata.num_row_groups >= 3
+    ids = [json.loads(s)["custom_id"] for s in store.iter_output_jsonl("big")]
+    assert ids == [f"req-{i}" for i in range(1, 4501)]
+
+
+def test_delete_job(store):
+    store.write_part("job3", "x", _rows([1]))
+    store.write_part("job3", "y", _rows([2]))
+    store.merge("job3")
+    store.write_part("other", "x", _rows([1]))
+    assert store.delete_job("job3") == 3
+    assert store.list_parts("job3") == [] and store.count("job3") == rs.ResultCounts()
+    assert store.delete_job("job3") == 0
+    assert len(store.list_parts("other")) == 1
+
+
+def test_ids_must_be_path_safe(store):
+    for bad in ["../x", "a/b", "", ".hidden", "a..b"]:
+        with pytest.raises(ValueError):
+            store.part_path(bad, "s")
+        with pytest.raises(ValueError):
+            store.part_path("job", bad)
+    assert store.part_path("batch_abc-DEF", "batch_abc-DEF.12").endswith(
+        "/batch_abc-DEF/parts/batch_abc-DEF.12.parquet"
+    )
+
+
+def test_write_results_single_file(tmp_path):
+    url = f"memory://single-{uuid.uuid4().hex}/out.parquet"
+    rows = _rows(range(1, 6))
+    rs.write_results(url, rows)
+    assert rs.count_results(url).total == 5
+    path = rs.write_results(
+        str(tmp_path / "sub" / "out.parquet"), pa.Table.from_pylist(rows, schema=rs.RESULT_SCHEMA)
+    )
+    assert pq.read_table(path).num_rows == 5
+    assert [p.name for p in (tmp_path / "sub").iterdir()] == ["out.parquet"]

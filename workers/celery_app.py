@@ -1,0 +1,18 @@
+"""The workers' Celery app: late acks, one queue per model name, a thread pool feeding one engine."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from api.store.queue import celery_config
+from api.store.settings import Settings
+
+
+def make_celery(settings: Settings) -> Celery:
+    app = Celery("pagedbatch", set_as_current=True)
+    app.conf.update(celery_config(settings))
+    app.conf.update(worker_pool="threads", worker_enable_remote_control=False)
+    from workers import tasks
+
+    tasks.register(app)
+    return app

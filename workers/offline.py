@@ -1,0 +1,137 @@
+"""The offline path: an OpenAI-batch JSONL file in, one Parquet results file out, no services.
+
+`run_offline` parses the file with `api.store.requests`, feeds every valid request into one
+in-process engine through its step API (a bounded number in flight, so a large file is never all
+in the engine at once), and writes one row per line with the `api.store.results` schema, bad lines
+included as failed rows.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from api.store import results
+from api.store.requests import LineError, ModelLimits, ParsedRequest, count_lines, parse_requests
+
+
+@dataclass
+class OfflineSummary:
+    output_path: str
+    total: int
+    completed: int
+    failed: int
+    cancelled: int
+    prompt_tokens: int
+    completion_tokens: int
+    elapsed_s: float
+
+
+def run_offline(
+    input_path,
+    output_path,
+    model_path,
+    *,
+    progress: bool = True,
+    engine_kwargs: dict[str, Any] | None = None,
+    defaults: dict[str, Any] | None = None,
+    model_name: str | None = None,
+    max_in_flight: int = 1024,
+    llm=None,
+) -> OfflineSummary:
+    """Run every request of `input_path` (OpenAI batch JSONL) on the model at `model_path`.
+
+    Every line runs on this model whatever its body.model says; responses name the model
+    `model_name` (default: the model directory's name). `engine_kwargs` go to
+    ``engine.LLM(model=model_path, ...)``; pass `llm` to reuse an engine already loaded.
+    `defaults`: body fields for lines that lack them (e.g. ``{"max_tokens": 256}``).
+    `output_path`: a local path or an fsspec URL; written atomically when everything is done.
+    """
+    started = time.time()
+    if llm is None:
+        from engine import LLM
+
+        llm = LLM(model=str(model_path), **(engine_kwargs or {}))
+    engine = llm.llm_engine
+    max_model_len = getattr(engine, "max_model_len", None)
+    limits = ModelLimits.from_dir(model_path, name=model_name or Path(model_path).resolve().name)
+    if max_model_len is not None and max_model_len < limits.max_model_len:
+        limits = ModelLimits.from_dir(model_path, name=limits.name, max_model_len=max_model_len)
+
+    with open(input_path, "rb") as f:
+        total = count_lines(f).lines
+    bar = _progress_bar(total, progress)
+    rows: list[dict] = []
+    in_flight: dict[str, tuple[ParsedRequest, float]] = {}
+
+    def finish(outputs) -> None:
+        now = time.time()
+        for out in outputs:
+            if not getattr(out, "finished", True) or out.request_id not in in_flight:
+                continue
+            request, submitted = in_flight.pop(out.request_id)
+            rows.append(
+                results.completed_row(
+                    request, out, tokenizer=limits, created_at=started, started_at=submitted, finished_at=now
+                )
+            )
+            bar.update(1)
+
+    try:
+        with open(input_path, "rb") as f:
+            for item in parse_requests(f, limits, defaults=defaults):
+                if isinstance(item, LineError):
+                    rows.append(results.error_row(item, created_at=started, finished_at=time.time()))
+                    bar.update(1)
+                    continue
+                request_id = str(item.line)
+                try:
+                    engine.add_request(
+                        request_id, {"prompt_token_ids": item.prompt_token_ids}, item.sampling_params
+                    )
+                except ValueError as e:  # the engine's own limits (e.g. its KV pool) refuse it
+                    rows.append(_failed(item, "engine_rejected", str(e), started))
+                    bar.update(1)
+                    continue
+                in_flight[request_id] = (item, time.time())
+                while len(in_flight) >= max_in_flight:
+                    finish(engine.step())
+        while in_flight and engine.has_unfinished_requests():
+            finish(engine.step())
+    except BaseException:
+        for request_id in in_flight:
+            engine.abort_request(request_id)
+        raise
+    finally:
+        bar.close()
+    for request, _ in in_flight.values():  # the engine lost them: never expected
+        rows.append(_failed(request, "engine_error", "the engine finished without this request", started))
+
+    table = results.rows_to_table(rows)
+    path = results.write_results(str(output_path), table)
+    counts = results.count_table(table)
+    return OfflineSummary(
+        output_path=path,
+        total=counts.total,
+        completed=counts.completed,
+        failed=counts.failed,
+        cancelled=counts.cancelled,
+        prompt_tokens=counts.prompt_tokens,
+        completion_tokens=counts.completion_tokens,
+        elapsed_s=time.time() - started,
+    )
+
+
+def _failed(request: ParsedRequest, code: str, message: str, started: float) -> dict:
+    return results.failed_row(
+        request.line, request.custom_id, code, message, url=request.url, model=request.model,
+        prompt_tokens=len(request.prompt_token_ids), created_at=started, finished_at=time.time(),
+    )  # fmt: skip
+
+
+def _progress_bar(total: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="requests", unit="req", disable=not enabled, dynamic_ncols=True)
