@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from flask import Flask
 
+from api.auth import authenticate
 from api.errors import register_error_handlers
 from api.store.settings import Settings
 
@@ -19,6 +20,7 @@ def create_app(settings: Settings | None = None, *, warm: bool = True) -> Flask:
     """The WSGI app. `warm` loads the configured models' tokenizers now (before gunicorn forks its
     workers) rather than on the first upload."""
     from api.routes import jobs, meta, openai_batch
+    from api.routes.common import UploadRequest
 
     settings = settings or Settings.from_env()
     if warm and settings.models:
@@ -26,11 +28,13 @@ def create_app(settings: Settings | None = None, *, warm: bool = True) -> Flask:
 
         model_limits(settings)
     app = Flask("pagedbatch")
+    app.request_class = UploadRequest  # multipart uploads are cut off at the limits while they stream
     app.config["MAX_CONTENT_LENGTH"] = settings.max_upload_bytes + (1 << 20)  # room for multipart framing
     app.config["MAX_FORM_MEMORY_SIZE"] = 1 << 20
     app.json.sort_keys = False
     app.extensions["pagedbatch"] = Platform(settings)
     register_error_handlers(app)
+    app.before_request(authenticate)  # every route but /healthz and /openapi.json needs an API key
     app.register_blueprint(meta.bp)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(openai_batch.bp)

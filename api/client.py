@@ -37,15 +37,19 @@ class _ProgressReader:
 
 
 class Client:
-    def __init__(self, base_url: str, timeout: float = 600):
+    def __init__(self, base_url: str, timeout: float = 600, api_key: str | None = None):
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.api_key = api_key
 
     def _open(self, method: str, path: str, *, data=None, headers=None, params=None):
         url = self.base_url + path
         if params:
             url += "?" + urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
-        request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+        headers = dict(headers or {})
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
             return urllib.request.urlopen(request, timeout=self.timeout)
         except urllib.error.HTTPError as exc:

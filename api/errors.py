@@ -13,6 +13,7 @@ _TYPES = {
     409: "invalid_request_error",
     413: "invalid_request_error",
     401: "authentication_error",
+    429: "rate_limit_error",
     500: "server_error",
 }
 
@@ -39,7 +40,9 @@ def error_response(status: int, message: str, param: str | None = None, code: st
 def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(StoreError)
     def _store_error(exc: StoreError):
-        return error_response(exc.status, exc.message, exc.param, exc.code)
+        response, status = error_response(exc.status, exc.message, exc.param, exc.code)
+        response.headers.update(getattr(exc, "headers", None) or {})  # Retry-After, WWW-Authenticate
+        return response, status
 
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException):

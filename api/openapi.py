@@ -25,7 +25,15 @@ def _path_id(name: str, description: str) -> dict:
     }
 
 
+_UNAUTHORIZED = {"401": _json(_ref("Error"), "Missing, unknown or revoked API key")}
+_LIMITED = {
+    "429": {
+        **_json(_ref("Error"), "Over the tenant's limit of active jobs or queued requests"),
+        "headers": {"Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait"}},
+    }
+}
 _ERRORS = {
+    **_UNAUTHORIZED,
     "400": _json(_ref("Error"), "Invalid request"),
     "404": _json(_ref("Error"), "Not found (or another tenant's)"),
 }
@@ -40,6 +48,13 @@ _AFTER = {
     "in": "query",
     "schema": {"type": "string"},
     "description": "Cursor: the id of the last object of the previous page",
+}
+_METADATA = {
+    "type": ["object", "null"],
+    "maxProperties": 16,
+    "propertyNames": {"maxLength": 64},
+    "additionalProperties": {"type": "string", "maxLength": 512},
+    "description": "Up to 16 string pairs (OpenAI's metadata)",
 }
 _JSONL_BODY = {"type": "string", "format": "binary", "description": "JSONL, one OpenAI batch request a line"}
 
@@ -157,7 +172,7 @@ _SCHEMAS = {
                     "output_tokens_details": {"type": "object"},
                 },
             },
-            "metadata": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
+            "metadata": _METADATA,
         },
     },
     "Job": {
@@ -170,7 +185,7 @@ _SCHEMAS = {
             "model": {"type": ["string", "null"]},
             "endpoint": {"type": ["string", "null"]},
             "defaults": {"type": ["object", "null"]},
-            "metadata": {"type": ["object", "null"]},
+            "metadata": _METADATA,
             "input_file_id": {"type": ["string", "null"]},
             "output_file_id": {"type": ["string", "null"]},
             "error_file_id": {"type": ["string", "null"]},
@@ -226,15 +241,23 @@ def _paths() -> dict:
     jsonl = {"application/x-ndjson": {"schema": {"type": "string"}}}
     return {
         "/openapi.json": {
-            "get": {"summary": "This document", "responses": {"200": _json({"type": "object"})}}
+            "get": {
+                "summary": "This document",
+                "security": [],
+                "responses": {"200": _json({"type": "object"})},
+            }
         },
         "/healthz": {
-            "get": {"summary": "Liveness and database check", "responses": {"200": _json({"type": "object"})}}
+            "get": {
+                "summary": "Liveness and database check",
+                "security": [],
+                "responses": {"200": _json({"type": "object"})},
+            }
         },
         "/v1/models": {
             "get": {
                 "summary": "Models this deployment serves",
-                "responses": {"200": _json({"type": "object"})},
+                "responses": {"200": _json({"type": "object"}), **_UNAUTHORIZED},
             }
         },
         "/v1/jobs": {
@@ -259,7 +282,7 @@ def _paths() -> dict:
                         "name": "metadata",
                         "in": "query",
                         "schema": {"type": "string"},
-                        "description": "With a raw body: JSON object of metadata",
+                        "description": "With a raw body: JSON object of metadata (up to 16 string pairs)",
                     },
                 ],
                 "requestBody": {
@@ -273,7 +296,7 @@ def _paths() -> dict:
                                     "file": _JSONL_BODY,
                                     "model": {"type": "string"},
                                     "defaults": {"type": "string", "description": "JSON object"},
-                                    "metadata": {"type": "string", "description": "JSON object"},
+                                    "metadata": {"type": "string", "description": "JSON object of string pairs"},
                                 },
                             }
                         },
@@ -283,6 +306,7 @@ def _paths() -> dict:
                 "responses": {
                     "201": _json(_ref("Job"), "Created"),
                     **_ERRORS,
+                    **_LIMITED,
                     "413": _json(_ref("Error"), "Too many bytes or lines"),
                     "415": _json(_ref("Error"), "Unsupported content type"),
                 },
@@ -413,13 +437,18 @@ def _paths() -> dict:
                                     "input_file_id": {"type": "string"},
                                     "endpoint": {"enum": ["/v1/chat/completions", "/v1/completions"]},
                                     "completion_window": {"const": "24h"},
-                                    "metadata": {"type": ["object", "null"]},
+                                    "metadata": _METADATA,
                                 },
                             }
                         }
                     },
                 },
-                "responses": {"200": _json(_ref("Batch")), **_ERRORS},
+                "responses": {
+                    "200": _json(_ref("Batch")),
+                    **_ERRORS,
+                    **_LIMITED,
+                    "413": _json(_ref("Error"), "Body over 64 KiB"),
+                },
             },
             "get": {
                 "summary": "List batches, newest first (OpenAI)",
@@ -458,5 +487,9 @@ def openapi_document() -> dict:
             "description": "Batch inference: a native jobs API and an OpenAI Batch-compatible API.",
         },
         "paths": _paths(),
-        "components": {"schemas": _SCHEMAS},
+        "components": {
+            "schemas": _SCHEMAS,
+            "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer", "description": "An API key (pb-...)"}},
+        },
+        "security": [{"apiKey": []}],
     }

@@ -41,13 +41,16 @@ def run_ours(path, prompts, output_lens) -> float:
 
     llm = LLM(str(path), dtype="float32", device="cpu")
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in output_lens]
-    llm.generate([{"prompt_token_ids": p} for p in prompts[:4]], params[:4])  # warm-up
+    warmup = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": p} for p in prompts[:4]], warmup)
+    before = dict(llm.llm_engine.stats)
     start = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     elapsed = time.perf_counter() - start
     assert [len(o.outputs[0].token_ids) for o in outs] == output_lens
-    stats = llm.llm_engine.stats
-    print(f"  ours: {stats['steps']} steps, mean {stats['batched_seqs'] / stats['steps']:.1f} seqs/step")
+    steps = llm.llm_engine.stats["steps"] - before["steps"]
+    seqs = llm.llm_engine.stats["batched_seqs"] - before["batched_seqs"]
+    print(f"  ours: {steps} steps, mean {seqs / steps:.1f} sequences per step")
     return elapsed
 
 

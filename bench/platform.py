@@ -57,18 +57,21 @@ def make_requests(n: int, max_tokens: int) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
+AUTH: dict[str, str] = {}  # the Authorization header of the bench tenant's key, set in main()
+
+
 def post_jsonl(base: str, data: bytes, model: str) -> dict:
     req = urllib.request.Request(
         f"{base}/v1/jobs?model={model}",
         data=data,
         method="POST",
-        headers={"Content-Type": "application/x-ndjson"},
+        headers={"Content-Type": "application/x-ndjson", **AUTH},
     )
     return json.loads(urllib.request.urlopen(req, timeout=600).read())
 
 
 def get_json(base: str, path: str, method: str = "GET") -> dict:
-    req = urllib.request.Request(base + path, method=method)
+    req = urllib.request.Request(base + path, method=method, headers=AUTH)
     return json.loads(urllib.request.urlopen(req, timeout=60).read())
 
 
@@ -94,7 +97,7 @@ def poll_latencies(port: int, job_id: str, pollers: int, per_poller: int) -> lis
         start.wait()
         for _ in range(per_poller):
             t = time.perf_counter()
-            conn.request("GET", f"/v1/jobs/{job_id}")
+            conn.request("GET", f"/v1/jobs/{job_id}", headers=AUTH)
             resp = conn.getresponse()
             resp.read()
             mine.append(time.perf_counter() - t)
@@ -173,6 +176,9 @@ def main() -> None:
     from api.store.migrate import upgrade
 
     upgrade(settings.database_url)
+    from api.store.keys import create_key
+
+    AUTH["Authorization"] = "Bearer " + create_key(settings, "bench")[0]
     env = {**os.environ, **settings.to_env()}
     procs = []
     try:
@@ -227,7 +233,8 @@ def main() -> None:
         while job["status"] not in ("completed", "failed", "cancelled"):
             time.sleep(0.1)
             job = get_json(base, f"/v1/jobs/{job['id']}")
-        with urllib.request.urlopen(f"{base}/v1/jobs/{job['id']}/results", timeout=600) as r:
+        results = urllib.request.Request(f"{base}/v1/jobs/{job['id']}/results", headers=AUTH)
+        with urllib.request.urlopen(results, timeout=600) as r:
             (tmp / "platform.parquet").write_bytes(r.read())
         platform_s = time.perf_counter() - t
         assert job["status"] == "completed" and job["request_counts"]["completed"] == args.requests, job

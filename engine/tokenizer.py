@@ -33,6 +33,14 @@ def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
 class Detokenizer:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+        # The Rust tokenizer decodes the same text without transformers' per-call Python
+        # overhead, unless transformers post-processes it (clean_up_tokenization_spaces).
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        fast = backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        self._decode = backend.decode if fast else tokenizer.decode
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._decode(token_ids, skip_special_tokens=skip_special_tokens)
 
     def decode_new_text(self, seq: Sequence) -> str:
         """Append the text of the seq's latest tokens to `seq.output_text`; return the new part.
@@ -43,8 +51,8 @@ class Detokenizer:
             seq.detok_offsets = (max(seq.num_prompt_tokens - _CONTEXT_TOKENS, 0), seq.num_prompt_tokens)
         prefix_offset, read_offset = seq.detok_offsets
         skip = seq.params.skip_special_tokens
-        before = self.tokenizer.decode(seq.token_ids[prefix_offset:read_offset], skip_special_tokens=skip)
-        after = self.tokenizer.decode(seq.token_ids[prefix_offset:], skip_special_tokens=skip)
+        before = self.decode(seq.token_ids[prefix_offset:read_offset], skip_special_tokens=skip)
+        after = self.decode(seq.token_ids[prefix_offset:], skip_special_tokens=skip)
         if len(after) <= len(before) or after.endswith("\ufffd"):
             return ""
         new_text = after[len(before) :]
@@ -59,7 +67,7 @@ class Detokenizer:
         prefix_offset, read_offset = seq.detok_offsets
         if read_offset < len(seq.token_ids):
             skip = seq.params.skip_special_tokens
-            before = self.tokenizer.decode(seq.token_ids[prefix_offset:read_offset], skip_special_tokens=skip)
-            after = self.tokenizer.decode(seq.token_ids[prefix_offset:], skip_special_tokens=skip)
+            before = self.decode(seq.token_ids[prefix_offset:read_offset], skip_special_tokens=skip)
+            after = self.decode(seq.token_ids[prefix_offset:], skip_special_tokens=skip)
             seq.output_text += after[len(before) :]
             seq.detok_offsets = (read_offset, len(seq.token_ids))

@@ -75,13 +75,11 @@ def _decode_attention(query, k_cache, v_cache, block_tables, lengths, starts, ro
 
     k, v = gather(k_cache), gather(v_cache)
     token_idx = torch.tensor([starts[r] for r in rows], device=device)
-    group = query.shape[1] // num_kv_heads
-    q = query[token_idx].view(batch, num_kv_heads, group, head_dim)  # query heads grouped by kv head
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [B, kv_heads, group, max_len]
-    padding = torch.arange(max_len, device=device)[None, :] >= lens[:, None]
-    scores.masked_fill_(padding[:, None, None, :], float("-inf"))
-    o = torch.matmul(scores.softmax(dim=-1), v)  # [B, kv_heads, group, D]
-    out[token_idx] = o.reshape(batch, -1, head_dim)
+    q = query[token_idx].unsqueeze(2)  # [B, heads, 1, D]
+    valid = (torch.arange(max_len, device=device)[None, :] < lens[:, None])[:, None, None, :]
+    gqa = query.shape[1] != num_kv_heads
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=valid, scale=scale, enable_gqa=gqa)
+    out[token_idx] = o.squeeze(2)
 
 
 def rms_norm(x, weight, eps):

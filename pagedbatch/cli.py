@@ -169,6 +169,7 @@ def _cmd_serve(args) -> int:
         embedded.append(redis)
         settings.broker_url = redis.url
     upgrade(settings.database_url)
+    _announce_local_key(settings, home)
     env = {**os.environ, **settings.to_env()}
     workers = []
     for name, path in settings.models.items():
@@ -213,13 +214,147 @@ def _cmd_serve(args) -> int:
     return 0
 
 
+def _announce_local_key(settings, home) -> str:
+    """Create (first start) or reuse `serve`'s API key, saved in the data dir, and say where it is."""
+    from api.store.keys import ensure_local_key, local_key_path
+
+    key, created = ensure_local_key(settings, home)
+    where = local_key_path(home)
+    if created:
+        print(
+            f"pagedbatch: created an API key for tenant {settings.default_tenant!r}: {key}\n"
+            f"pagedbatch: it is saved in {where}; clients on this machine use it by default "
+            "(or send it as Authorization: Bearer, --api-key or PAGEDBATCH_API_KEY)",
+            file=sys.stderr,
+            flush=True,
+        )
+    else:
+        print(f"pagedbatch: using the API key saved in {where}", file=sys.stderr, flush=True)
+    return key
+
+
+# ---- keys and tenants -----------------------------------------------------------------------------
+
+
+def _admin_settings(args):
+    from api.store.settings import Settings
+
+    settings = Settings.from_env()
+    if args.database_url:
+        settings.database_url = args.database_url
+    if not settings.database_url:
+        raise SystemExit("pagedbatch: set PAGEDBATCH_DATABASE_URL or give --database-url")
+    return settings
+
+
+def _when(value) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+def _cmd_keys_create(args) -> int:
+    from api.store.keys import create_key
+
+    key, info = create_key(_admin_settings(args), args.tenant, name=args.name)
+    print(f"created {info.id} for tenant {info.tenant!r}; the key is shown only this once:", file=sys.stderr)
+    print(key)
+    return 0
+
+
+def _cmd_keys_list(args) -> int:
+    from api.store.keys import list_keys
+
+    rows = list_keys(_admin_settings(args), args.tenant)
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "id": k.id,
+                        "tenant": k.tenant,
+                        "prefix": k.prefix,
+                        "name": k.name,
+                        "created_at": k.created_at.isoformat(),
+                        "revoked_at": k.revoked_at.isoformat() if k.revoked_at else None,
+                    }
+                    for k in rows
+                ],
+                indent=2,
+            )
+        )
+        return 0
+    table = [("ID", "TENANT", "PREFIX", "CREATED", "REVOKED", "NAME")]
+    table += [(k.id, k.tenant, k.prefix + "...", _when(k.created_at), _when(k.revoked_at), k.name or "") for k in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def _cmd_keys_revoke(args) -> int:
+    from api.store.keys import revoke_key
+
+    try:
+        info = revoke_key(_admin_settings(args), args.key_id)
+    except KeyError:
+        print(f"pagedbatch: no key {args.key_id}", file=sys.stderr)
+        return 1
+    print(f"revoked {info.id} (tenant {info.tenant!r}, {info.prefix}...)", file=sys.stderr)
+    return 0
+
+
+def _cmd_tenants_set(args) -> int:
+    from api.store.keys import set_tenant_limits
+
+    row = set_tenant_limits(
+        _admin_settings(args),
+        args.tenant,
+        max_active_jobs=args.max_active_jobs,
+        max_queued_requests=args.max_queued_requests,
+    )
+    print(
+        f"tenant {row.name!r}: max active jobs {_limit(row.max_active_jobs)}, "
+        f"max queued requests {_limit(row.max_queued_requests)}"
+    )
+    return 0
+
+
+def _limit(value) -> str:
+    return "default" if value is None else "unlimited" if value == 0 else str(value)
+
+
+def _cmd_tenants_list(args) -> int:
+    from api.store.keys import list_tenants
+
+    for row in list_tenants(_admin_settings(args)):
+        print(
+            f"{row.name}\tmax_active_jobs={_limit(row.max_active_jobs)}\t"
+            f"max_queued_requests={_limit(row.max_queued_requests)}"
+        )
+    return 0
+
+
 # ---- client -------------------------------------------------------------------------------------
+
+
+def _api_key(args) -> str | None:
+    """--api-key, else PAGEDBATCH_API_KEY, else (for a server on this machine) `serve`'s saved key."""
+    from urllib.parse import urlparse
+
+    if getattr(args, "api_key", None):
+        return args.api_key
+    if os.environ.get("PAGEDBATCH_API_KEY"):
+        return os.environ["PAGEDBATCH_API_KEY"]
+    if urlparse(args.url).hostname in ("127.0.0.1", "localhost", "::1"):
+        from api.store.keys import read_local_key
+
+        return read_local_key(os.environ.get("PAGEDBATCH_HOME", "~/.pagedbatch"))
+    return None
 
 
 def _client(args):
     from api.client import Client
 
-    return Client(args.url)
+    return Client(args.url, api_key=_api_key(args))
 
 
 def _cmd_submit(args) -> int:
@@ -326,12 +461,45 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_args(worker)
     worker.set_defaults(func=_cmd_worker)
 
+    keys = sub.add_parser("keys", help="API keys: create, list, revoke").add_subparsers(
+        dest="keys_command", required=True
+    )
+    tenants = sub.add_parser("tenants", help="tenants' limits").add_subparsers(dest="tenants_command", required=True)
+
+    def admin_parser(group, name: str, help: str):
+        p = group.add_parser(name, help=help)
+        p.add_argument("--database-url", default=None, help="default: $PAGEDBATCH_DATABASE_URL")
+        return p
+
+    kc = admin_parser(keys, "create", "create a key for a tenant; prints the key, once")
+    kc.add_argument("--tenant", default=None, help="default: the tenant named default")
+    kc.add_argument("--name", default=None, help="a label to tell keys apart")
+    kc.set_defaults(func=_cmd_keys_create)
+    kl = admin_parser(keys, "list", "list keys (id, tenant, prefix, created, revoked; never the key)")
+    kl.add_argument("--tenant", default=None)
+    kl.add_argument("--json", action="store_true")
+    kl.set_defaults(func=_cmd_keys_list)
+    kr = admin_parser(keys, "revoke", "revoke a key by its id")
+    kr.add_argument("key_id")
+    kr.set_defaults(func=_cmd_keys_revoke)
+    ts = admin_parser(tenants, "set", "set a tenant's limits (0: unlimited; omitted: the server's default)")
+    ts.add_argument("tenant")
+    ts.add_argument("--max-active-jobs", type=int, default=None)
+    ts.add_argument("--max-queued-requests", type=int, default=None)
+    ts.set_defaults(func=_cmd_tenants_set)
+    admin_parser(tenants, "list", "list tenants and their limits").set_defaults(func=_cmd_tenants_list)
+
     migrate = sub.add_parser("migrate", help="upgrade the database schema to the latest migration")
     migrate.set_defaults(func=_cmd_migrate)
 
     def client_parser(name: str, help: str):
         p = sub.add_parser(name, help=help)
         p.add_argument("--url", default=os.environ.get("PAGEDBATCH_API_URL", DEFAULT_API_URL))
+        p.add_argument(
+            "--api-key",
+            default=None,
+            help="default: $PAGEDBATCH_API_KEY, else the key `serve` saved in $PAGEDBATCH_HOME (local URLs)",
+        )
         p.add_argument("-q", "--quiet", action="store_true")
         return p
 

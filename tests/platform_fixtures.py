@@ -30,6 +30,7 @@ from api.store.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "tiny"
+OTHER_TENANT = "other"
 
 
 def spawn(cmd: list[str], log, **kwargs) -> subprocess.Popen:
@@ -81,10 +82,16 @@ class Harness:
             broker_prefix=f"pbtest-{token}:",
             queue_prefix=f"pbtest-{token}",
             cancel_poll_s=0.1,
+            # tests leave many jobs unfinished (queues nobody serves); limits are tested with their own
+            max_active_jobs_per_tenant=0,
+            max_queued_requests_per_tenant=0,
         )
         from api.store.migrate import upgrade
 
         upgrade(self.settings.database_url)
+        self._keys: dict[str, str] = {}
+        self.api_key = self.key_for(self.settings.default_tenant)  # tenant "default"
+        self.other_key = self.key_for(OTHER_TENANT)
         self._worker: subprocess.Popen | None = None
         self._server = None
         self.base_url: str | None = None
@@ -137,13 +144,39 @@ class Harness:
                 self._worker.kill()
         self._worker = None
 
+    # ---- API keys ---------------------------------------------------------------------------
+
+    def key_for(self, tenant: str) -> str:
+        """An API key of `tenant`, made once per session."""
+        if tenant not in self._keys:
+            from api.store.keys import create_key
+
+            self._keys[tenant], _ = create_key(self.settings, tenant, name="tests")
+        return self._keys[tenant]
+
+    def auth(self, tenant: str | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key_for(tenant or self.settings.default_tenant)}"}
+
     # ---- a live API server ------------------------------------------------------------------
 
     def app(self, **overrides):
+        """The app on these settings; its test_client() sends a key of the settings' default_tenant
+        (so `app(default_tenant="t1")` acts as tenant t1). `FlaskClient(app)` sends none."""
+        from flask.testing import FlaskClient
+
         from api.app import create_app
 
         settings = dataclasses.replace(self.settings, **overrides)
-        return create_app(settings)
+        app = create_app(settings)
+        key = self.key_for(settings.default_tenant)
+
+        class KeyedClient(FlaskClient):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                self.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {key}"
+
+        app.test_client_class = KeyedClient
+        return app
 
     def start_server(self) -> str:
         with self._lock:

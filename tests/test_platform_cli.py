@@ -52,7 +52,8 @@ def served(platform, tmp_path_factory):  # noqa: F811
             proc.kill()
             pytest.fail("pagedbatch serve did not start:\n" + log.read_text(errors="replace")[-4000:])
         time.sleep(0.2)
-    yield url
+    assert "created an API key" in log.read_text(errors="replace")
+    yield url, data / "home"
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout=60)
@@ -61,7 +62,11 @@ def served(platform, tmp_path_factory):  # noqa: F811
         pytest.fail("pagedbatch serve did not stop on SIGTERM")
 
 
-def test_serve_and_client_commands(served, tmp_path, capsys):
+def test_serve_and_client_commands(served, tmp_path, capsys, monkeypatch):
+    served, home = served
+    # no --api-key: the client commands use the key `serve` saved in its data dir (a local URL)
+    monkeypatch.setenv("PAGEDBATCH_HOME", str(home))
+    monkeypatch.delenv("PAGEDBATCH_API_KEY", raising=False)
     src = tmp_path / "in.jsonl"
     src.write_bytes(jsonl([chat_line(f"s{i}", f"hello {i}") for i in range(6)] + ["{bad"]))
     out = tmp_path / "out.parquet"

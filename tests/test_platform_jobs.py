@@ -19,7 +19,7 @@ from tests.platform_fixtures import (  # noqa: F401
 
 
 def test_native_job_end_to_end(live_url, worker, tmp_path):  # noqa: F811
-    client = Client(live_url)
+    client = Client(live_url, api_key=worker.api_key)
     lines = [chat_line(f"n-{i}", f"question {i}") for i in range(17)]
     lines += [completion_line(f"p-{i}", f"prompt {i}") for i in range(5)]
     lines.insert(3, "{broken")
@@ -64,17 +64,19 @@ def test_native_job_end_to_end(live_url, worker, tmp_path):  # noqa: F811
 def test_results_not_ready_is_409(live_url, worker):  # noqa: F811
     import urllib.request
 
-    client = Client(live_url)
+    client = Client(live_url, api_key=worker.api_key)
     data = jsonl([chat_line(f"s-{i}", "slow", max_tokens=64, ignore_eos=True) for i in range(8)])
     req = urllib.request.Request(
         f"{live_url}/v1/jobs?model={MODEL}",
         data=data,
-        headers={"Content-Type": "application/x-ndjson"},
+        headers={"Content-Type": "application/x-ndjson", **worker.auth()},
         method="POST",
     )
     job = json.loads(urllib.request.urlopen(req).read())
     try:
-        urllib.request.urlopen(f"{live_url}/v1/jobs/{job['id']}/results")
+        urllib.request.urlopen(
+            urllib.request.Request(f"{live_url}/v1/jobs/{job['id']}/results", headers=worker.auth())
+        )
         status = 200
     except urllib.error.HTTPError as exc:
         status = exc.code
@@ -83,7 +85,7 @@ def test_results_not_ready_is_409(live_url, worker):  # noqa: F811
 
 
 def test_cancel_aborts_running_requests(live_url, worker, tmp_path):  # noqa: F811
-    client = Client(live_url)
+    client = Client(live_url, api_key=worker.api_key)
     # a first shard that finishes at once, then long generations still running when the job is cancelled
     lines = [completion_line(f"k-{i}", f"quick {i}", max_tokens=2) for i in range(8)]
     lines += [completion_line(f"k-{i}", f"count {i}", max_tokens=900, ignore_eos=True) for i in range(8, 64)]
@@ -116,7 +118,7 @@ def test_cancel_aborts_running_requests(live_url, worker, tmp_path):  # noqa: F8
 
 
 def test_worker_keeps_serving_after_cancel(live_url, worker, tmp_path):  # noqa: F811
-    client = Client(live_url)
+    client = Client(live_url, api_key=worker.api_key)
     src = tmp_path / "after.jsonl"
     src.write_bytes(jsonl([chat_line(f"a-{i}", "after cancel") for i in range(5)]))
     job = client.wait(client.submit(src, model=MODEL)["id"], timeout=120)

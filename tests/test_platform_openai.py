@@ -21,7 +21,7 @@ openai = pytest.importorskip("openai")
 
 @pytest.fixture(scope="module")
 def oai(live_url, worker):  # noqa: F811
-    return openai.OpenAI(base_url=live_url + "/v1", api_key="sk-test", max_retries=0)
+    return openai.OpenAI(base_url=live_url + "/v1", api_key=worker.api_key, max_retries=0)
 
 
 def _offline(platform, lines, tmp_path):  # noqa: F811

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 from celery import Celery
+from celery.signals import worker_shutting_down
 
 from api.store.queue import celery_config
 from api.store.settings import Settings
+
+
+def _on_worker_shutting_down(**_kwargs) -> None:
+    from workers import tasks
+
+    tasks.on_shutdown()
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -15,4 +22,5 @@ def make_celery(settings: Settings) -> Celery:
     from workers import tasks
 
     tasks.register(app)
+    worker_shutting_down.connect(_on_worker_shutting_down, weak=False)
     return app

@@ -2,23 +2,39 @@
 
 Many shard tasks (threads) submit into the same engine, so each step batches requests from many
 shards and jobs. `abort` frees a request's blocks at once and resolves its future with None.
+
+A step that raises must not take down the batch, the worker or the other requests. The engine cannot
+say which request made it fail, so the host finds out by bisection: every request that was in the
+engine is aborted and run again in halves (new submissions wait meanwhile); a half that fails again is
+split again, and a request that fails alone is the culprit: its future gets the exception. A transient
+fault (every half succeeds) fails nobody. Each failure costs a recomputation of the suspects.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
+from collections import deque
 from concurrent.futures import Future
 
 log = logging.getLogger(__name__)
 
+POISON_ENV = "PAGEDBATCH_TEST_POISON"  # tests only: a prompt containing this text makes every step raise
+
 
 class EngineHost:
     def __init__(self, engine, idle_wait_s: float = 0.05):
-        self.engine = engine
+        marker = os.environ.get(POISON_ENV)
+        self.engine = PoisonedEngine(engine, marker) if marker else engine
         self.idle_wait_s = idle_wait_s
         self._futures: dict[str, Future] = {}
+        self._requests: dict[str, tuple] = {}  # request id -> (prompt, params), to run it again
+        self._in_engine: set[str] = set()
+        self._held: list[str] = []  # submitted while a failure is being isolated
+        self._suspects: deque[list[str]] = deque()  # groups still to run on their own
+        self._group: set[str] | None = None  # the suspects running now
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -43,13 +59,11 @@ class EngineHost:
             if request_id in self._futures:
                 raise ValueError(f"request {request_id!r} is already running")
             self._futures[request_id] = future
-        try:
-            self.engine.add_request(request_id, prompt, params)
-        except Exception as exc:  # noqa: BLE001 - handed to the caller through the future
-            with self._lock:
-                self._futures.pop(request_id, None)
-            future.set_exception(exc)
-            return future
+            self._requests[request_id] = (prompt, params)
+            if self._isolating():
+                self._held.append(request_id)
+                return future
+            self._add(request_id)
         self._wake.set()
         return future
 
@@ -58,12 +72,16 @@ class EngineHost:
         for request_id in request_ids:
             with self._lock:
                 future = self._futures.pop(request_id, None)
+                self._requests.pop(request_id, None)
+                in_engine = request_id in self._in_engine
+                self._in_engine.discard(request_id)
             if future is None:
                 continue
-            try:
-                self.engine.abort_request(request_id)
-            except Exception:  # noqa: BLE001
-                log.exception("abort of %s failed", request_id)
+            if in_engine:
+                try:
+                    self.engine.abort_request(request_id)
+                except Exception:  # noqa: BLE001
+                    log.exception("abort of %s failed", request_id)
             future.set_result(None)
             aborted += 1
         return aborted
@@ -77,30 +95,112 @@ class EngineHost:
         self._wake.set()
         self._thread.join(timeout=10)
 
+    # ---- the loop (one thread) --------------------------------------------------------------
+
+    def _isolating(self) -> bool:
+        return self._group is not None or bool(self._suspects)
+
+    def _add(self, request_id: str) -> None:
+        """Put a known request into the engine (under the lock); a rejected one fails alone."""
+        prompt, params = self._requests[request_id]
+        try:
+            self.engine.add_request(request_id, prompt, params)
+        except Exception as exc:  # noqa: BLE001 - handed to the caller through the future
+            self._requests.pop(request_id, None)
+            self._futures.pop(request_id).set_exception(exc)
+            return
+        self._in_engine.add(request_id)
+
     def _loop(self) -> None:
         while not self._stop.is_set():
+            self._advance_isolation()
             if not self.engine.has_unfinished_requests():
                 self._wake.wait(self.idle_wait_s)
                 self._wake.clear()
                 continue
             try:
                 outputs = self.engine.step()
-            except Exception as exc:  # noqa: BLE001 - fail what is in flight, keep serving
-                log.exception("engine step failed")
-                with self._lock:
-                    futures, self._futures = self._futures, {}
-                for request_id, future in futures.items():
-                    with contextlib.suppress(Exception):
-                        self.engine.abort_request(request_id)
-                    future.set_exception(exc)
+            except Exception as exc:  # noqa: BLE001 - isolate the request that failed, keep serving
+                self._step_failed(exc)
                 continue
             for output in outputs:
                 if not getattr(output, "finished", True):
                     continue
                 with self._lock:
                     future = self._futures.pop(output.request_id, None)
+                    self._requests.pop(output.request_id, None)
+                    self._in_engine.discard(output.request_id)
                 if future is not None:
                     future.set_result(output)
+
+    def _advance_isolation(self) -> None:
+        with self._lock:
+            if self._group is not None:
+                self._group &= self._in_engine
+                if self._group:
+                    return  # the current suspects are still running
+                self._group = None
+            while self._suspects and self._group is None:
+                group = [rid for rid in self._suspects.popleft() if rid in self._futures]
+                for request_id in group:
+                    self._add(request_id)
+                self._group = set(group) & self._in_engine or None
+            if self._group is None and self._held:  # every suspect is cleared: back to normal
+                held, self._held = self._held, []
+                for request_id in held:
+                    if request_id in self._futures:
+                        self._add(request_id)
+
+    def _step_failed(self, exc: Exception) -> None:
+        with self._lock:
+            suspects = sorted(self._in_engine)
+            self._in_engine.clear()
+            self._group = None
+        log.warning("engine step failed with %d requests in flight (%s: %s); isolating the culprit",
+                    len(suspects), type(exc).__name__, exc)  # fmt: skip
+        for request_id in suspects:
+            with contextlib.suppress(Exception):
+                self.engine.abort_request(request_id)
+        if len(suspects) == 1:
+            with self._lock:
+                future = self._futures.pop(suspects[0], None)
+                self._requests.pop(suspects[0], None)
+            if future is not None:
+                log.error("request %s makes the engine fail; failing it alone", suspects[0])
+                future.set_exception(exc)
+            return
+        half = len(suspects) // 2
+        with self._lock:
+            self._suspects.extendleft([suspects[half:], suspects[:half]])
+
+
+class PoisonedEngine:
+    """Test-only fault: while a request whose prompt contains `marker` is in the engine, `step` raises,
+    as a request that crashes the model would. Installed by EngineHost when PAGEDBATCH_TEST_POISON is set."""
+
+    def __init__(self, engine, marker: str):
+        self._engine = engine
+        self._marker = marker
+        self._poisoned: set[str] = set()
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def add_request(self, request_id, prompt, params=None):
+        self._engine.add_request(request_id, prompt, params)
+        ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else None
+        text = self._engine.tokenizer.decode(ids) if ids is not None else str(prompt)
+        if self._marker in text:
+            self._poisoned.add(request_id)
+
+    def abort_request(self, request_id):
+        self._poisoned.discard(request_id)
+        return self._engine.abort_request(request_id)
+
+    def step(self):
+        if self._poisoned:
+            raise RuntimeError(f"test fault: a poisoned request is in the batch ({len(self._poisoned)})")
+        return self._engine.step()
 
 
 _host: EngineHost | None = None

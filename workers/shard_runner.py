@@ -1,7 +1,11 @@
-"""Run one shard: submit its requests into the process's engine, wait, write its Parquet part.
+"""Run one shard: lease it, submit its requests into the process's engine, wait, write its Parquet part.
 
 The part is written atomically before the shard is marked done, and the task is acknowledged
 only after that (late acks), so a redelivered shard overwrites its part instead of adding to it.
+The shard is leased in the database (`lifecycle.claim_shard`) and the lease renewed while it runs
+(`workers.leases`): a redelivery while it runs is skipped, a worker that dies loses the shard to the
+sweeper, and an attempt that lost its lease writes nothing. A worker shutting down (`drain`) aborts its
+unfinished shards and hands them back.
 """
 
 from __future__ import annotations
@@ -9,21 +13,58 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import socket
+import threading
 import time
+
+from sqlalchemy.exc import DBAPIError
 
 from api.store import lifecycle, parsing
 from api.store import results as res
 from api.store.settings import Settings
 from api.store.storage import get_storage
+from api.store.sweeper import Recovery
+from workers import leases
 
 log = logging.getLogger(__name__)
 
 WORKER_NAME = socket.gethostname()
 ENGINE_ERROR = "engine_error"
+DB_RETRY_S = 60.0  # how long a finished shard waits for the database to come back before giving up
+
+DONE, CANCELLED, SKIPPED, RELEASED, LOST = "done", "cancelled", "skipped", "released", "lost"
+
+draining = threading.Event()  # set when this worker shuts down
+_in_flight: dict[str, list[str]] = {}  # shard id -> its request ids in the engine
+_in_flight_lock = threading.Lock()
 
 
 def job_of(shard_id: str) -> str:
     return shard_id.rsplit(".", 1)[0]
+
+
+def with_db_retry(fn, *args, **kwargs):
+    """Call `fn`, retrying while the database is unreachable (a restart), for up to DB_RETRY_S seconds."""
+    deadline = time.monotonic() + DB_RETRY_S
+    delay = 0.2
+    while True:
+        try:
+            return fn(*args, **kwargs)
+        except DBAPIError as exc:
+            if not exc.connection_invalidated and "connect" not in str(exc).lower():
+                raise
+            if time.monotonic() > deadline:
+                raise
+            log.warning("database unavailable (%s); retrying in %.1fs", type(exc.orig).__name__, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+def drain(host) -> int:
+    """Shutting down: abort every shard's requests; the shards are handed back, not written."""
+    draining.set()
+    with _in_flight_lock:
+        request_ids = [rid for ids in _in_flight.values() for rid in ids]
+    return host.abort(request_ids) if request_ids else 0
 
 
 def _read_requests(settings: Settings, key: str):
@@ -32,20 +73,33 @@ def _read_requests(settings: Settings, key: str):
 
 
 def run_shard(settings: Settings, host, watcher, shard_id: str) -> str:
-    """Returns what happened: "done", "cancelled" or "skipped"."""
-    claim = lifecycle.claim_shard(settings, shard_id, WORKER_NAME)
-    if claim is None:  # done already (a redelivery), or cancelled while queued
-        lifecycle.maybe_finalize(settings, job_of(shard_id))
-        return "skipped"
+    """Returns what happened: "done", "cancelled", "skipped", "released" or "lost"."""
+    if draining.is_set():
+        return RELEASED
+    recovery = Recovery.from_env()
+    claim = with_db_retry(lifecycle.claim_shard, settings, shard_id, WORKER_NAME, recovery.lease_s)
+    if claim is None:  # done already (a redelivery), cancelled while queued, or running elsewhere
+        with_db_retry(lifecycle.maybe_finalize, settings, job_of(shard_id))
+        return SKIPPED
     requests = _read_requests(settings, claim.input_key)
     request_ids = [f"{shard_id}/{claim.attempt}/{req.line}" for req in requests]
     futures: dict[str, concurrent.futures.Future] = {}
     started: dict[str, float] = {}
     finished: dict[str, float] = {}
+    lost = threading.Event()
+
+    def on_lost() -> None:
+        lost.set()
+        host.abort(request_ids)
+
     t0 = time.time()
+    keeper = leases.keeper(settings, recovery.lease_s)
+    keeper.hold(shard_id, claim.attempt, on_lost)
     watcher.register(claim.job_id, request_ids)
+    with _in_flight_lock:
+        _in_flight[shard_id] = request_ids
     try:
-        if not (claim.job_cancelling or watcher.is_cancelled(claim.job_id)):
+        if not (claim.job_cancelling or watcher.is_cancelled(claim.job_id) or draining.is_set()):
             for request_id, req in zip(request_ids, requests):
                 started[request_id] = time.time()
                 future = host.submit(
@@ -55,7 +109,20 @@ def run_shard(settings: Settings, host, watcher, shard_id: str) -> str:
                 futures[request_id] = future
         concurrent.futures.wait(futures.values())
     finally:
+        with _in_flight_lock:
+            _in_flight.pop(shard_id, None)
         watcher.unregister(claim.job_id, request_ids)
+        keeper.drop(shard_id)
+
+    if lost.is_set():
+        return LOST
+    stopped = [rid for rid in request_ids if _stopped(futures.get(rid))]
+    reason = with_db_retry(lifecycle.stop_reason, settings, claim.job_id) if stopped else None
+    if stopped and reason is None:
+        # aborted, but the job goes on: this worker is shutting down; the next one runs the shard
+        if with_db_retry(lifecycle.release_shard, settings, shard_id, claim.attempt):
+            log.info("shard %s handed back (%d requests unfinished)", shard_id, len(stopped))
+        return RELEASED
 
     rows = []
     for request_id, req in zip(request_ids, requests):
@@ -65,8 +132,11 @@ def run_shard(settings: Settings, host, watcher, shard_id: str) -> str:
             "started_at": started.get(request_id),
             "finished_at": finished.get(request_id),
         }
-        if future is None or (future.exception() is None and future.result() is None):
-            rows.append(res.cancelled_row(req, shard_id=shard_id, **times))  # never ran, or aborted
+        if _stopped(future):
+            if reason == "expired":
+                rows.append(lifecycle.expired_row(req, shard_id=shard_id, **times))
+            else:
+                rows.append(res.cancelled_row(req, shard_id=shard_id, **times))  # never ran, or aborted
         elif future.exception() is not None:
             exc = future.exception()
             rows.append(
@@ -86,7 +156,9 @@ def run_shard(settings: Settings, host, watcher, shard_id: str) -> str:
             rows.append(
                 res.completed_row(req, future.result(), shard_id=shard_id, tokenizer=host.tokenizer, **times)
             )
-    counts = _write_part(settings, claim.job_id, shard_id, rows)
+    counts = _write_part(settings, claim.job_id, shard_id, rows, attempt=claim.attempt)
+    if counts is None:
+        return LOST
     log.info(
         "shard %s: %d completed, %d failed, %d cancelled in %.2fs",
         shard_id,
@@ -95,13 +167,18 @@ def run_shard(settings: Settings, host, watcher, shard_id: str) -> str:
         counts.cancelled,
         time.time() - t0,
     )
-    lifecycle.maybe_finalize(settings, claim.job_id)
-    return "cancelled" if counts.cancelled else "done"
+    with_db_retry(lifecycle.maybe_finalize, settings, claim.job_id)
+    return CANCELLED if counts.cancelled else DONE
+
+
+def _stopped(future) -> bool:
+    """Never submitted, or aborted (its future resolved to None)."""
+    return future is None or (future.exception() is None and future.result() is None)
 
 
 def fail_shard(settings: Settings, shard_id: str, error: str) -> None:
     """After the last retry: every request of the shard is recorded as failed, so the job can finish."""
-    claim = lifecycle.claim_shard(settings, shard_id, WORKER_NAME)
+    claim = lifecycle.claim_shard(settings, shard_id, WORKER_NAME, Recovery.from_env().lease_s)
     if claim is None:
         return
     rows = [
@@ -118,14 +195,22 @@ def fail_shard(settings: Settings, shard_id: str, error: str) -> None:
         )
         for req in _read_requests(settings, claim.input_key)
     ]
-    _write_part(settings, claim.job_id, shard_id, rows)
+    _write_part(settings, claim.job_id, shard_id, rows, attempt=claim.attempt)
     lifecycle.maybe_finalize(settings, claim.job_id)
 
 
-def _write_part(settings: Settings, job_id: str, shard_id: str, rows: list[dict]):
-    """Write the part (atomically), count what was written, then mark the shard done."""
+def _write_part(settings: Settings, job_id: str, shard_id: str, rows: list[dict], attempt: int | None = None):
+    """Write the part (atomically), count what was written, then mark the shard done.
+
+    With `attempt`, a stale attempt (the shard was taken over) writes nothing and returns None.
+    """
+    if attempt is not None and not with_db_retry(lifecycle.owns_shard, settings, shard_id, attempt):
+        log.warning("shard %s: attempt %d was taken over; its result is dropped", shard_id, attempt)
+        return None
     store = lifecycle.results_store(settings)
     path = store.write_part(job_id, shard_id, rows)
     counts = res.count_results(store.url_for(path))
-    lifecycle.finish_shard(settings, shard_id, path, counts)
+    if not with_db_retry(lifecycle.finish_shard, settings, shard_id, path, counts, attempt):
+        log.warning("shard %s: attempt %d was taken over while writing", shard_id, attempt)
+        return None
     return counts

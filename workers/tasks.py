@@ -4,17 +4,37 @@ from __future__ import annotations
 
 import logging
 
+from celery.exceptions import Reject
+
 from api.store.queue import RUN_SHARD
 
 log = logging.getLogger(__name__)
 
 MAX_RETRIES = 3
 
-_state: dict = {}  # settings, host and cancel watcher of this worker process
+_state: dict = {}  # settings, host, cancel watcher and sweeper of this worker process
 
 
 def configure(settings, host, watcher) -> None:
+    """Called once by `pagedbatch worker` before the Celery worker starts; starts this process's sweeper."""
+    from api.store.sweeper import Sweeper
+
     _state.update(settings=settings, host=host, watcher=watcher)
+    if "sweeper" not in _state:
+        _state["sweeper"] = Sweeper(settings)
+
+
+def on_shutdown() -> None:
+    """The worker is shutting down (SIGTERM): hand unfinished shards back at once."""
+    from workers import shard_runner
+
+    host = _state.get("host")
+    if host is not None:
+        aborted = shard_runner.drain(host)
+        log.info("shutting down: aborted %d requests; their shards are handed back", aborted)
+    sweeper = _state.pop("sweeper", None)
+    if sweeper is not None:
+        sweeper.close()
 
 
 def register(app) -> None:
@@ -24,7 +44,7 @@ def register(app) -> None:
 
         settings = _state["settings"]
         try:
-            return shard_runner.run_shard(settings, _state["host"], _state["watcher"], shard_id)
+            outcome = shard_runner.run_shard(settings, _state["host"], _state["watcher"], shard_id)
         except Exception as exc:
             if self.request.retries < MAX_RETRIES:
                 log.warning("shard %s failed (%s); retrying", shard_id, exc)
@@ -32,3 +52,6 @@ def register(app) -> None:
             log.exception("shard %s failed for good", shard_id)
             shard_runner.fail_shard(settings, shard_id, f"{type(exc).__name__}: {exc}")
             return "failed"
+        if outcome == shard_runner.RELEASED:  # back to the queue for the next worker
+            raise Reject("worker shutting down", requeue=True)
+        return outcome

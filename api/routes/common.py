@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import json
+import math
+import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 
-from flask import Response, current_app, request
+from flask import Request, Response, current_app, request
 
 from api.errors import ApiError
 from api.store.settings import Settings
 from api.store.storage import get_storage
 
 CHUNK = 1 << 20
+UPLOAD_CHUNK = 1 << 16  # uploads are read this much at a time, so a limit cuts them off within 64 KiB
 
 
 class TerminalCache:
@@ -62,11 +65,43 @@ def settings() -> Settings:
 
 
 def upload_chunks(stream) -> Iterator[bytes]:
-    while True:
-        chunk = stream.read(CHUNK)
+    """The upload in small chunks; past max_upload_bytes nothing more is read (store_upload answers 413)."""
+    left = settings().max_upload_bytes + 1
+    while left > 0:
+        chunk = stream.read(min(UPLOAD_CHUNK, left))
         if not chunk:
             return
+        left -= len(chunk)
         yield chunk
+
+
+class _LimitedSpool(tempfile.SpooledTemporaryFile):
+    """Where the multipart parser writes an uploaded file as it reads it: a 413 the moment the file
+    passes the byte or line limit, rather than after the whole body has been spooled."""
+
+    def __init__(self, max_bytes: int, max_lines: int):
+        super().__init__(max_size=512 * 1024, mode="w+b")
+        self.max_bytes, self.max_lines = max_bytes, max_lines
+        self.written = self.line_breaks = 0
+
+    def write(self, data) -> int:
+        from api.store.lifecycle import TooLarge
+
+        self.written += len(data)
+        if self.written > self.max_bytes:
+            raise TooLarge(f"file exceeds the limit of {self.max_bytes} bytes")
+        self.line_breaks += bytes(data).count(b"\n")
+        if self.line_breaks > self.max_lines:
+            raise TooLarge(f"file exceeds the limit of {self.max_lines} lines")
+        return super().write(data)
+
+
+class UploadRequest(Request):
+    """Flask's request, with multipart file parts held to the upload limits while they stream in."""
+
+    def _get_file_stream(self, total_content_length, content_type, filename=None, content_length=None):
+        cfg = current_app.extensions["pagedbatch"].settings
+        return _LimitedSpool(cfg.max_upload_bytes, cfg.max_lines)
 
 
 def check_content_length() -> None:
@@ -75,18 +110,79 @@ def check_content_length() -> None:
         raise ApiError(413, f"request body exceeds the limit of {limit} bytes", code="payload_too_large")
 
 
+MAX_PARAM_DEPTH = 32  # nesting of a JSON parameter (defaults); deeper is a 400, never a RecursionError
+METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's metadata limits
+
+
+def parse_json(text, what: str, param: str | None = None):
+    """JSON text (str or bytes) as a 400 when it is not JSON, however deeply it nests."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and bad UTF-8 are ValueErrors
+        raise ApiError(400, f"{what} is not valid JSON: {str(exc)[:200]}", param=param) from None
+
+
+def _check_json_value(value, name: str) -> None:
+    """No nesting past MAX_PARAM_DEPTH, no NUL characters and no NaN or infinities (jsonb refuses them)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_PARAM_DEPTH:
+            raise ApiError(400, f"{name} nests deeper than {MAX_PARAM_DEPTH} levels", param=name)
+        if isinstance(item, dict):
+            stack.extend((k, depth) for k in item)
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+        elif isinstance(item, str) and "\x00" in item:
+            raise ApiError(400, f"{name} must not contain NUL characters", param=name)
+        elif isinstance(item, float) and not math.isfinite(item):  # NaN, Infinity, 1e999: not JSON
+            raise ApiError(400, f"{name} must hold finite numbers only", param=name)
+
+
 def json_param(value, name: str) -> dict | None:
     """A JSON object given as a form field or query argument (a string) or inline in a JSON body."""
     if value is None or value == "":
         return None
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ApiError(400, f"{name} must be a JSON object: {exc}", param=name) from None
+        value = parse_json(value, name, name)
     if not isinstance(value, dict):
         raise ApiError(400, f"{name} must be a JSON object", param=name)
+    _check_json_value(value, name)
     return value
+
+
+def metadata_param(value) -> dict | None:
+    """OpenAI's metadata: at most 16 pairs of strings, keys up to 64 and values up to 512 characters."""
+    metadata = json_param(value, "metadata")
+    if metadata is None:
+        return None
+    if len(metadata) > METADATA_PAIRS:
+        raise ApiError(400, f"metadata holds at most {METADATA_PAIRS} pairs", param="metadata")
+    for key, item in metadata.items():
+        if not isinstance(item, str):
+            raise ApiError(400, f"metadata[{key!r:.70}] must be a string", param="metadata")
+        if len(key) > METADATA_KEY_CHARS or len(item) > METADATA_VALUE_CHARS:
+            raise ApiError(
+                400,
+                f"metadata keys are at most {METADATA_KEY_CHARS} and values at most "
+                f"{METADATA_VALUE_CHARS} characters",
+                param="metadata",
+            )
+    return metadata
+
+
+def reject_nul_bytes() -> None:
+    """A NUL in a path id or query argument is a 400: PostgreSQL text cannot hold one."""
+    for name, value in [*(request.view_args or {}).items(), *request.args.items(multi=True)]:
+        if isinstance(value, str) and "\x00" in value:
+            raise ApiError(400, f"{name} must not contain NUL characters", param=name)
+
+
+def upload_filename(upload) -> str:
+    """The multipart filename, without control characters, cut to what the files table holds."""
+    name = "".join(ch for ch in upload.filename or "" if ch.isprintable())[:255].strip()
+    return name or "input.jsonl"
 
 
 def limit_param(default: int = 20, maximum: int = 100) -> int:

@@ -12,17 +12,21 @@ from api.routes.common import (
     json_param,
     limit_param,
     list_body,
+    metadata_param,
+    reject_nul_bytes,
     send_fs,
     send_lines,
     send_stored,
     settings,
     upload_chunks,
+    upload_filename,
 )
 from api.serializers import job_object
 from api.store import lifecycle
 from api.store.models import JOB_STATUSES, TERMINAL_STATUSES
 
 bp = Blueprint("jobs", __name__)
+bp.before_request(reject_nul_bytes)
 
 NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/json-lines", "text/plain")
 
@@ -42,7 +46,7 @@ def create_job():
         if upload is None:
             raise ApiError(400, "missing multipart field 'file'", param="file")
         fields = request.form
-        chunks, filename = upload_chunks(upload.stream), upload.filename or "input.jsonl"
+        chunks, filename = upload_chunks(upload.stream), upload_filename(upload)
     elif request.mimetype in NDJSON_TYPES:
         fields = request.args
         chunks, filename = upload_chunks(request.stream), "input.jsonl"
@@ -52,7 +56,7 @@ def create_job():
     if not model:
         raise ApiError(400, "model is required", param="model")
     defaults = json_param(fields.get("defaults") or request.args.get("defaults"), "defaults")
-    metadata = json_param(fields.get("metadata") or request.args.get("metadata"), "metadata")
+    metadata = metadata_param(fields.get("metadata") or request.args.get("metadata"))
     input_file = lifecycle.store_upload(cfg, chunks, tenant=tenant, filename=filename, purpose="batch")
     job = lifecycle.create_job(
         cfg, input_file, tenant=tenant, model=model, defaults=defaults, metadata=metadata

@@ -9,19 +9,24 @@ from api.errors import ApiError
 from api.routes.common import (
     cached_job_body,
     check_content_length,
-    json_param,
     limit_param,
     list_body,
+    metadata_param,
+    parse_json,
+    reject_nul_bytes,
     send_stored,
     settings,
     upload_chunks,
+    upload_filename,
 )
 from api.serializers import batch_object, file_object
 from api.store import lifecycle
 
 bp = Blueprint("openai_batch", __name__)
+bp.before_request(reject_nul_bytes)
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+MAX_JSON_BODY = 1 << 16
 
 
 def _batch_json(job):
@@ -41,7 +46,7 @@ def create_file():
         settings(),
         upload_chunks(upload.stream),
         tenant=current_tenant(),
-        filename=upload.filename or "input.jsonl",
+        filename=upload_filename(upload),
         purpose="batch",
     )
     return jsonify(file_object(record))
@@ -72,19 +77,24 @@ def get_file_content(file_id: str):
 
 @bp.post("/v1/batches")
 def create_batch():
-    body = request.get_json(silent=True)
+    raw = request.stream.read(MAX_JSON_BODY + 1)
+    if len(raw) > MAX_JSON_BODY:
+        raise ApiError(413, f"a batch request body is at most {MAX_JSON_BODY} bytes", code="payload_too_large")
+    body = parse_json(raw, "the request body")
     if not isinstance(body, dict):
         raise ApiError(400, "expected a JSON object body")
     input_file_id = body.get("input_file_id")
     if not input_file_id:
         raise ApiError(400, "input_file_id is required", param="input_file_id")
+    if not isinstance(input_file_id, str) or "\x00" in input_file_id:
+        raise ApiError(400, "input_file_id must be a file id (a string)", param="input_file_id")
     endpoint = body.get("endpoint")
     if endpoint not in ENDPOINTS:
         raise ApiError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}", param="endpoint")
     window = body.get("completion_window")
     if window != "24h":
         raise ApiError(400, "completion_window must be '24h'", param="completion_window")
-    metadata = json_param(body.get("metadata"), "metadata")
+    metadata = metadata_param(body.get("metadata"))
     tenant = current_tenant()
     input_file = lifecycle.get_file(settings(), tenant, input_file_id)
     if input_file.purpose != "batch":

@@ -29,7 +29,7 @@ def get_engine(url: str) -> Engine:
     with _lock:
         engine = _engines.get(url)
         if engine is None:
-            engine = create_engine(url, pool_recycle=1800, pool_size=10, max_overflow=40)
+            engine = create_engine(url, pool_recycle=1800, pool_size=10, max_overflow=40, pool_pre_ping=True)
             _engines[url] = engine
             _sessionmakers[url] = sessionmaker(engine, expire_on_commit=False)
         return engine

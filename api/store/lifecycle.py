@@ -7,6 +7,7 @@ Statuses are OpenAI's batch status names for both API faces.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -42,6 +43,9 @@ log = logging.getLogger(__name__)
 
 MAX_STORED_ERRORS = 100  # line errors kept on the job row; all of them are in the error file
 STALE_FINALIZE = timedelta(minutes=10)  # a finalizer silent this long is presumed dead
+STALE_VALIDATION = timedelta(minutes=30)  # a job validating this long lost its API process
+EXPIRED_CODE = "batch_expired"
+EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."
 
 
 class StoreError(Exception):
@@ -216,9 +220,12 @@ def create_job(
         completion_window=completion_window,
         input_file_id=input_file.id,
         created_at=now,
-        expires_at=now + timedelta(hours=24),
+        expires_at=now + parse_window(completion_window),
     )
     with session_scope(settings.database_url) as s:
+        from api.store.limits import check_new_job
+
+        check_new_job(s, settings, tenant, input_file.line_count or 0)  # 429 over the tenant's limits
         s.add(job)
 
     storage = get_storage(settings.storage_url)
@@ -290,7 +297,13 @@ def create_job(
                 }
             )
             row.errors = stored_errors
-        if not shards:
+        if row.status == CANCELLING:  # cancelled while validating: nothing runs, every line gets a row
+            row.in_progress_at = utcnow()  # validation is over; the finalizer may now run
+            for shard in shards:
+                shard.status = SHARD_CANCELLED
+            s.add_all(shards)
+            shards = []
+        elif not shards:
             row.status = FAILED
             row.failed_at = utcnow()
         else:
@@ -299,10 +312,27 @@ def create_job(
             s.add_all(shards)
         job = row
     if shards:
-        enqueue_shards(settings, [(shard.id, shard.model) for shard in shards])
+        try:
+            enqueue_shards(settings, [(shard.id, shard.model) for shard in shards])
+        except Exception:  # noqa: BLE001 - the shards are in the database; the sweeper enqueues them
+            log.exception("enqueueing the shards of %s failed; the sweeper will retry", job.id)
+    elif job.status == CANCELLING:
+        maybe_finalize(settings, job.id)
     else:
         _finalize_failed(settings, job.id)
     return get_job(settings, tenant, job.id)
+
+
+_WINDOW = re.compile(r"^\s*(\d+)\s*([smhd])\s*$")
+
+
+def parse_window(window: str | None) -> timedelta:
+    """A completion window such as "24h" (also s, m, d) as a timedelta; 24 hours when unset."""
+    match = _WINDOW.match(window or "24h")
+    if match is None:
+        raise StoreError(f"bad completion_window {window!r}", param="completion_window")
+    unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[match.group(2)]
+    return timedelta(**{unit: int(match.group(1))})
 
 
 # ---- reading jobs ----------------------------------------------------------------------
@@ -401,14 +431,46 @@ def cancel_job(settings: Settings, tenant: str, job_id: str) -> Job:
     return get_job(settings, tenant, job_id)
 
 
+def _stopping():
+    """Jobs whose requests must stop: cancelled, or past their completion window."""
+    return Job.status.in_((CANCELLING, CANCELLED, EXPIRED)) | Job.expired_at.is_not(None)
+
+
 def cancelling_jobs(settings: Settings, job_ids: Iterable[str]) -> set[str]:
-    """Which of these jobs are being (or have been) cancelled."""
+    """Which of these jobs are being (or have been) cancelled or expired."""
     job_ids = list(job_ids)
     if not job_ids:
         return set()
     with session_scope(settings.database_url) as s:
-        rows = s.scalars(select(Job.id).where(Job.id.in_(job_ids), Job.status.in_((CANCELLING, CANCELLED))))
-        return set(rows)
+        return set(s.scalars(select(Job.id).where(Job.id.in_(job_ids), _stopping())))
+
+
+def stop_reason(settings: Settings, job_id: str) -> str | None:
+    """Why a job's unfinished requests were stopped: "expired", "cancelled" or None."""
+    with session_scope(settings.database_url) as s:
+        job = s.get(Job, job_id)
+        if job is None:
+            return None
+        if job.expired_at is not None:
+            return "expired"
+        return "cancelled" if job.status in (CANCELLING, CANCELLED) else None
+
+
+def expired_row(request, **kwargs) -> dict:
+    """The row of a valid request that did not finish within its job's completion window."""
+    from api.store.results import failed_row
+
+    prompt_tokens = len(request.prompt_token_ids) if request.prompt_token_ids is not None else None
+    return failed_row(
+        request.line,
+        request.custom_id,
+        EXPIRED_CODE,
+        EXPIRED_MESSAGE,
+        url=request.url,
+        model=request.model,
+        prompt_tokens=prompt_tokens,
+        **kwargs,
+    )
 
 
 # ---- worker side: shards -------------------------------------------------------------
@@ -429,16 +491,26 @@ class ClaimedShard:
     job_created_at: object
 
 
-def claim_shard(settings: Settings, shard_id_: str, worker: str) -> ClaimedShard | None:
-    """Mark a queued (or redelivered running) shard as running; None when there is nothing to do."""
+def claim_shard(settings: Settings, shard_id_: str, worker: str, lease_s: float = 60.0) -> ClaimedShard | None:
+    """Lease a queued shard (or a running one whose lease ran out) for `lease_s` seconds: attempt += 1.
+
+    None when there is nothing to do: the shard is finished, or another worker holds a live lease on it
+    (a broker redelivery while it runs). The lease must be renewed (`renew_leases`) while the shard runs.
+    """
     with session_scope(settings.database_url) as s:
         shard = s.get(Shard, shard_id_, with_for_update=True)
         if shard is None or shard.status not in (SHARD_QUEUED, SHARD_RUNNING):
             return None
+        now = utcnow()
+        if shard.status == SHARD_RUNNING and shard.lease_until is not None and shard.lease_until > now:
+            log.info("shard %s is leased by %s (attempt %d); not running it twice", shard.id, shard.worker,
+                     shard.attempts)  # fmt: skip
+            return None
         job = s.get(Job, shard.job_id)
         shard.status = SHARD_RUNNING
         shard.attempts += 1
-        shard.started_at = utcnow()
+        shard.started_at = now
+        shard.lease_until = now + timedelta(seconds=lease_s)
         shard.worker = worker
         return ClaimedShard(
             id=shard.id,
@@ -455,13 +527,53 @@ def claim_shard(settings: Settings, shard_id_: str, worker: str) -> ClaimedShard
         )
 
 
-def finish_shard(settings: Settings, shard_id_: str, part_key: str, counts) -> None:
-    """Record a shard's durable part; counts are set from the part, never added."""
+def owns_shard(settings: Settings, shard_id_: str, attempt: int) -> bool:
+    """Whether `attempt` is still the shard's current, running attempt (no other worker took it over)."""
+    with session_scope(settings.database_url) as s:
+        shard = s.get(Shard, shard_id_)
+        return shard is not None and shard.status == SHARD_RUNNING and shard.attempts == attempt
+
+
+def renew_leases(settings: Settings, held: dict[str, int], lease_s: float) -> set[str]:
+    """Extend the leases of the shards this worker runs ({shard id: attempt}); returns those it lost."""
+    lost = set()
+    until = utcnow() + timedelta(seconds=lease_s)
+    with session_scope(settings.database_url) as s:
+        for shard_id_, attempt in held.items():
+            result = s.execute(
+                update(Shard)
+                .where(Shard.id == shard_id_, Shard.attempts == attempt, Shard.status == SHARD_RUNNING)
+                .values(lease_until=until)
+            )
+            if result.rowcount == 0:
+                lost.add(shard_id_)
+    return lost
+
+
+def release_shard(settings: Settings, shard_id_: str, attempt: int) -> bool:
+    """Hand an unfinished shard back (a worker shutting down): queued again, for the next worker."""
+    with session_scope(settings.database_url) as s:
+        result = s.execute(
+            update(Shard)
+            .where(Shard.id == shard_id_, Shard.attempts == attempt, Shard.status == SHARD_RUNNING)
+            .values(status=SHARD_QUEUED, lease_until=None, worker=None)
+        )
+        return result.rowcount == 1
+
+
+def finish_shard(settings: Settings, shard_id_: str, part_key: str, counts, attempt: int | None = None) -> bool:
+    """Record a shard's durable part; counts are set from the part, never added.
+
+    With `attempt`, only that attempt may finish the shard (False for a stale one).
+    """
     with session_scope(settings.database_url) as s:
         shard = s.get(Shard, shard_id_, with_for_update=True)
         if shard is None:
-            return
+            return False
+        if attempt is not None and (shard.attempts != attempt or shard.status != SHARD_RUNNING):
+            return False
         shard.status = SHARD_DONE
+        shard.lease_until = None
         shard.part_key = part_key
         shard.completed = counts.completed
         shard.failed = counts.failed
@@ -470,6 +582,7 @@ def finish_shard(settings: Settings, shard_id_: str, part_key: str, counts) -> N
         shard.completion_tokens = counts.completion_tokens
         shard.finished_at = utcnow()
         shard.error = None
+    return True
 
 
 def fail_shard(settings: Settings, shard_id_: str, error: str) -> None:
@@ -477,6 +590,27 @@ def fail_shard(settings: Settings, shard_id_: str, error: str) -> None:
         shard = s.get(Shard, shard_id_)
         if shard is not None:
             shard.error = error[-4000:]
+
+
+def expire_job(settings: Settings, job_id: str) -> bool:
+    """Stop a job past its completion window: queued shards never run, running ones are aborted by their
+    workers (the cancel watcher), and the finalizer makes it `expired`, keeping what finished."""
+    with session_scope(settings.database_url) as s:
+        job = s.get(Job, job_id, with_for_update=True)
+        now = utcnow()
+        if job is None or job.status != IN_PROGRESS or job.expired_at is not None:
+            return False
+        if job.expires_at is None or job.expires_at > now:
+            return False
+        job.expired_at = now
+        s.execute(
+            update(Shard)
+            .where(Shard.job_id == job_id, Shard.status == SHARD_QUEUED)
+            .values(status=SHARD_CANCELLED, finished_at=now, lease_until=None)
+        )
+    log.info("job %s expired", job_id)
+    maybe_finalize(settings, job_id)
+    return True
 
 
 # ---- finalizing --------------------------------------------------------------------------
@@ -493,9 +627,11 @@ def maybe_finalize(settings: Settings, job_id: str) -> bool:
             return False
         if job.status not in (IN_PROGRESS, CANCELLING, FINALIZING):
             return False
+        if job.status == CANCELLING and job.in_progress_at is None:
+            return False  # cancelled while validating: create_job finalizes it when validation ends
         # `finalizing_at` marks a finalizer at work; one silent for too long is presumed dead
         busy = job.finalizing_at is not None and utcnow() - job.finalizing_at <= STALE_FINALIZE
-        if job.status in (CANCELLING, FINALIZING) and busy:
+        if busy:
             return False
         unfinished = s.scalar(
             select(func.count())
@@ -504,7 +640,10 @@ def maybe_finalize(settings: Settings, job_id: str) -> bool:
         )
         if unfinished:
             return False
-        target = CANCELLED if job.cancelling_at is not None else COMPLETED
+        if job.expired_at is not None:
+            target = EXPIRED
+        else:
+            target = CANCELLED if job.cancelling_at is not None else COMPLETED
         if target == COMPLETED:  # visible as "finalizing" while the files are written
             job.status = FINALIZING
         job.finalizing_at = utcnow()
@@ -519,7 +658,7 @@ def maybe_finalize(settings: Settings, job_id: str) -> bool:
         tenant = job.tenant
     store = results_store(settings)
     for shard_id_, input_key in never_run:
-        _write_cancelled_part(settings, store, job_id, shard_id_, input_key, created_at)
+        _write_cancelled_part(settings, store, job_id, shard_id_, input_key, created_at, target == EXPIRED)
     counts, output_file, error_file = _write_final_files(settings, job_id, tenant)
     with session_scope(settings.database_url) as s:
         job = s.get(Job, job_id, with_for_update=True)
@@ -531,7 +670,7 @@ def maybe_finalize(settings: Settings, job_id: str) -> bool:
         job.status = target
         if target == COMPLETED:
             job.completed_at = utcnow()
-        else:
+        elif target == CANCELLED:
             job.cancelled_at = utcnow()
     return True
 
@@ -544,14 +683,15 @@ def _set_counts(job: Job, counts) -> None:
     job.completion_tokens = counts.completion_tokens
 
 
-def _write_cancelled_part(settings, store, job_id, shard_id_, input_key, created_at) -> None:
-    """A shard cancelled before it ran: one "cancelled" row per request, so every line has a row."""
+def _write_cancelled_part(settings, store, job_id, shard_id_, input_key, created_at, expired=False) -> None:
+    """A shard stopped before it ran: one "cancelled" (or expired) row per request, so every line has a row."""
     from api.store import parsing
     from api.store.results import cancelled_row
 
+    row = expired_row if expired else cancelled_row
     with get_storage(settings.storage_url).open_read(input_key) as f:
         rows = [
-            cancelled_row(parsing.decode_request(line), shard_id=shard_id_, created_at=created_at)
+            row(parsing.decode_request(line), shard_id=shard_id_, created_at=created_at)
             for line in f
             if line.strip()
         ]

@@ -24,6 +24,7 @@ VALIDATING, FAILED, IN_PROGRESS, FINALIZING = "validating", "failed", "in_progre
 COMPLETED, EXPIRED, CANCELLING, CANCELLED = "completed", "expired", "cancelling", "cancelled"
 JOB_STATUSES = (VALIDATING, FAILED, IN_PROGRESS, FINALIZING, COMPLETED, EXPIRED, CANCELLING, CANCELLED)
 TERMINAL_STATUSES = (FAILED, COMPLETED, EXPIRED, CANCELLED)
+ACTIVE_STATUSES = (VALIDATING, IN_PROGRESS, FINALIZING, CANCELLING)  # count against a tenant's limit
 
 # Shard states.
 SHARD_QUEUED, SHARD_RUNNING, SHARD_DONE, SHARD_CANCELLED = "queued", "running", "done", "cancelled"
@@ -113,5 +114,36 @@ class Shard(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # Running: the claiming worker renews this while it works (a heartbeat); once it passes, the shard is
+    # handed to another worker. Queued: when the sweeper next checks that its broker message still exists.
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
-    __table_args__ = (Index("ix_shards_job_status", "job_id", "status"),)
+    __table_args__ = (
+        Index("ix_shards_job_status", "job_id", "status"),
+        Index("ix_shards_status_lease", "status", "lease_until"),
+    )
+
+
+class Tenant(Base):
+    """A tenant: the owner of jobs, files and keys, with optional limits overriding the settings."""
+
+    __tablename__ = "tenants"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    max_active_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_queued_requests: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ApiKey(Base):
+    """An API key of a tenant, stored only as the sha256 of the key; `prefix` identifies it in lists."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name"), index=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

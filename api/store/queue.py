@@ -5,6 +5,7 @@ The API never imports `workers`; it sends `RUN_SHARD` by name to the model's que
 
 from __future__ import annotations
 
+import os
 import threading
 
 from celery import Celery
@@ -12,13 +13,19 @@ from celery import Celery
 from api.store.settings import Settings
 
 RUN_SHARD = "pagedbatch.run_shard"
+# How long Redis keeps a delivered, unacknowledged message before handing it to another worker. Shards are
+# protected by their leases (api.store.sweeper), so a short value only costs redeliveries that are skipped.
+VISIBILITY_TIMEOUT_S = 6 * 3600
 
 _lock = threading.Lock()
 _apps: dict[tuple[str, str], Celery] = {}
 
 
 def celery_config(settings: Settings) -> dict:
-    transport_options: dict = {"visibility_timeout": 6 * 3600}
+    visibility = float(os.environ.get("PAGEDBATCH_VISIBILITY_TIMEOUT_S") or VISIBILITY_TIMEOUT_S)
+    transport_options: dict = {"visibility_timeout": visibility}
+    if visibility < 600:  # a short timeout: look for timed-out messages often (kombu: every 100s)
+        transport_options.update(unacked_restore_interval=max(1, int(visibility)), unacked_restore_throttle=1)
     if settings.broker_prefix:
         transport_options["global_keyprefix"] = settings.broker_prefix
     return {
@@ -57,6 +64,18 @@ def enqueue_shards(settings: Settings, shards: list[tuple[str, str]]) -> None:
     with app.producer_or_acquire() as producer:
         for shard_id, model in shards:
             app.send_task(RUN_SHARD, args=[shard_id], queue=settings.queue_for(model), producer=producer)
+
+
+def queue_size(settings: Settings, model: str) -> int:
+    """Messages waiting in a model's queue (0 when the queue does not exist, e.g. after a Redis restart)."""
+    from kombu.exceptions import ChannelError
+
+    app = celery_client(settings)
+    with app.connection_for_write() as conn:
+        try:
+            return int(conn.default_channel.queue_declare(queue=settings.queue_for(model), passive=True).message_count)
+        except ChannelError:
+            return 0
 
 
 def purge_prefix(settings: Settings) -> int:

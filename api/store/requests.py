@@ -39,6 +39,7 @@ DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
 MAX_CUSTOM_ID_LENGTH = 512
 MAX_N = 128
 MAX_LOGPROBS = 20
+MAX_INT32 = 2**31 - 1  # integer parameters end up in tensors: bound them before a worker overflows
 # OpenAI's default for /v1/completions; chat defaults to the rest of the context.
 DEFAULT_COMPLETIONS_MAX_TOKENS = 16
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
@@ -360,6 +361,8 @@ def _as_stop(name: str, value) -> list[str] | None:
 def _as_token_ids(name: str, value) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         raise _Invalid(INVALID_PARAMETER, f"{name} must be a list of integers")
+    if not all(0 <= t <= MAX_INT32 for t in value):
+        raise _Invalid(INVALID_PARAMETER, f"{name} must be token ids in [0, {MAX_INT32}]")
     return value
 
 
@@ -380,7 +383,7 @@ _SAMPLING_FIELDS = {
     "seed": ("seed", lambda k, v: _in_range(k, _as_int(k, v), -(2**63), 2**63 - 1)),
     "presence_penalty": ("presence_penalty", _as_float),
     "frequency_penalty": ("frequency_penalty", _as_float),
-    "top_k": ("top_k", _as_int),
+    "top_k": ("top_k", lambda k, v: _in_range(k, _as_int(k, v), -1, MAX_INT32)),
     "min_p": ("min_p", _as_float),
     "min_tokens": ("min_tokens", _as_int),
     "repetition_penalty": ("repetition_penalty", _as_float),

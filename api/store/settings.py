@@ -51,7 +51,12 @@ class Settings:
     broker_prefix: str = ""  # a Redis key prefix, so several deployments can share one Redis db
     queue_prefix: str = "pagedbatch"
     cancel_poll_s: float = 0.25
-    default_tenant: str = "default"
+    default_tenant: str = "default"  # the tenant of `serve`'s local key and of `keys create` without --tenant
+    # per-tenant limits (a tenant's row in the tenants table may override them); 0 means unlimited
+    max_active_jobs_per_tenant: int = 100
+    max_queued_requests_per_tenant: int = 1_000_000
+    limit_retry_after_s: int = 30  # the Retry-After of a 429
+    key_cache_s: float = 5.0  # how long a checked API key is trusted before the database is asked again
 
     @classmethod
     def from_env(cls, **overrides) -> Settings:
@@ -67,6 +72,10 @@ class Settings:
             broker_prefix=env.get("PAGEDBATCH_BROKER_PREFIX", ""),
             queue_prefix=env.get("PAGEDBATCH_QUEUE_PREFIX", "pagedbatch"),
             cancel_poll_s=float(env.get("PAGEDBATCH_CANCEL_POLL_S", "0.25")),
+            max_active_jobs_per_tenant=_env_int("PAGEDBATCH_MAX_ACTIVE_JOBS_PER_TENANT", 100),
+            max_queued_requests_per_tenant=_env_int("PAGEDBATCH_MAX_QUEUED_REQUESTS_PER_TENANT", 1_000_000),
+            limit_retry_after_s=_env_int("PAGEDBATCH_LIMIT_RETRY_AFTER_S", 30),
+            key_cache_s=float(env.get("PAGEDBATCH_KEY_CACHE_S", "5")),
         )
         for key, value in overrides.items():
             if value is not None:
@@ -86,6 +95,10 @@ class Settings:
             "PAGEDBATCH_BROKER_PREFIX": self.broker_prefix,
             "PAGEDBATCH_QUEUE_PREFIX": self.queue_prefix,
             "PAGEDBATCH_CANCEL_POLL_S": str(self.cancel_poll_s),
+            "PAGEDBATCH_MAX_ACTIVE_JOBS_PER_TENANT": str(self.max_active_jobs_per_tenant),
+            "PAGEDBATCH_MAX_QUEUED_REQUESTS_PER_TENANT": str(self.max_queued_requests_per_tenant),
+            "PAGEDBATCH_LIMIT_RETRY_AFTER_S": str(self.limit_retry_after_s),
+            "PAGEDBATCH_KEY_CACHE_S": str(self.key_cache_s),
         }
 
     def queue_for(self, model: str) -> str:

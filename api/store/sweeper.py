@@ -1,0 +1,203 @@
+"""Recovery from the database: the broker is only a hint, PostgreSQL holds the truth.
+
+Every worker runs a `Sweeper` thread. Each sweep, idempotent and safe to run from many processes:
+
+1. expires jobs past their completion window (`lifecycle.expire_job`);
+2. takes back running shards whose lease ran out (their worker died or hung): queued again and re-sent,
+   or, when their job is being cancelled or expired, marked cancelled so the finalizer writes their rows;
+3. re-sends queued shards whose broker message may be lost (Redis restarted without persistence, or the
+   API died between committing a job and enqueueing it): when a model's queue holds fewer messages than
+   the model has queued shards, the shards not checked for `requeue_s` are sent again. A duplicate message
+   costs nothing: `claim_shard` skips finished shards and shards under a live lease;
+4. finalizes jobs whose shards are all finished but whose finalizer never ran (or died);
+5. fails jobs stuck validating because the API process that was validating them died.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sqlalchemy import exists, select, update
+
+from api.store import lifecycle
+from api.store.db import session_scope
+from api.store.models import (
+    CANCELLING,
+    FAILED,
+    FINALIZING,
+    IN_PROGRESS,
+    SHARD_CANCELLED,
+    SHARD_DONE,
+    SHARD_QUEUED,
+    SHARD_RUNNING,
+    VALIDATING,
+    Job,
+    Shard,
+    utcnow,
+)
+from api.store.queue import enqueue_shards, queue_size
+from api.store.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Recovery:
+    """Timings of leases and sweeps (PAGEDBATCH_LEASE_S, PAGEDBATCH_SWEEP_S, PAGEDBATCH_REQUEUE_S)."""
+
+    lease_s: float = 60.0  # a running shard not renewed for this long is taken back
+    sweep_s: float = 10.0  # time between sweeps (with jitter)
+    requeue_s: float = 60.0  # how often a queued shard's broker message is checked
+
+    @classmethod
+    def from_env(cls) -> Recovery:
+        env = os.environ
+        return cls(
+            lease_s=float(env.get("PAGEDBATCH_LEASE_S") or cls.lease_s),
+            sweep_s=float(env.get("PAGEDBATCH_SWEEP_S") or cls.sweep_s),
+            requeue_s=float(env.get("PAGEDBATCH_REQUEUE_S") or cls.requeue_s),
+        )
+
+
+def sweep(settings: Settings, recovery: Recovery) -> dict[str, int]:
+    """One pass of every recovery step; returns how many things each step acted on."""
+    return {
+        "expired_jobs": _expire_jobs(settings),
+        "taken_back": _take_back_expired_leases(settings, recovery),
+        "resent": _resend_lost_messages(settings, recovery),
+        "finalized": _finalize_finished_jobs(settings),
+        "stale_validations": _fail_stale_validations(settings),
+    }
+
+
+def _expire_jobs(settings: Settings) -> int:
+    with session_scope(settings.database_url) as s:
+        due = list(
+            s.scalars(
+                select(Job.id).where(
+                    Job.status == IN_PROGRESS, Job.expired_at.is_(None), Job.expires_at <= utcnow()
+                )
+            )
+        )
+    return sum(lifecycle.expire_job(settings, job_id) for job_id in due)
+
+
+def _take_back_expired_leases(settings: Settings, recovery: Recovery) -> int:
+    now = utcnow()
+    resend: list[tuple[str, str]] = []
+    with session_scope(settings.database_url) as s:
+        rows = s.execute(
+            select(Shard, Job.status, Job.expired_at)
+            .join(Job, Job.id == Shard.job_id)
+            .where(Shard.status == SHARD_RUNNING, Shard.lease_until < now)
+            .with_for_update(of=Shard, skip_locked=True)
+        ).all()
+        for shard, job_status, job_expired_at in rows:
+            log.warning("shard %s: lease of %s (attempt %d) ran out; taking it back", shard.id, shard.worker,
+                        shard.attempts)  # fmt: skip
+            shard.worker = None
+            if job_status == CANCELLING or job_expired_at is not None:
+                shard.status, shard.finished_at, shard.lease_until = SHARD_CANCELLED, now, None
+                shard.part_key = None  # the finalizer writes a cancelled (or expired) row for every line
+            else:
+                shard.status = SHARD_QUEUED
+                shard.lease_until = now + timedelta(seconds=recovery.requeue_s)
+                resend.append((shard.id, shard.model))
+    if resend:
+        enqueue_shards(settings, resend)
+    return len(rows)
+
+
+def _resend_lost_messages(settings: Settings, recovery: Recovery) -> int:
+    now = utcnow()
+    with session_scope(settings.database_url) as s:
+        queued = s.execute(select(Shard.id, Shard.model, Shard.lease_until).where(Shard.status == SHARD_QUEUED)).all()
+    by_model: dict[str, list[str]] = defaultdict(list)
+    total: dict[str, int] = defaultdict(int)
+    for shard_id, model, checked_until in queued:
+        total[model] += 1
+        if checked_until is None or checked_until <= now:
+            by_model[model].append(shard_id)
+    resend: list[tuple[str, str]] = []
+    for model, shard_ids in by_model.items():
+        if queue_size(settings, model) < total[model]:  # some messages are gone
+            resend.extend((shard_id, model) for shard_id in shard_ids)
+    due = [shard_id for shard_ids in by_model.values() for shard_id in shard_ids]
+    if due:
+        with session_scope(settings.database_url) as s:
+            s.execute(
+                update(Shard)
+                .where(Shard.id.in_(due), Shard.status == SHARD_QUEUED)
+                .values(lease_until=now + timedelta(seconds=recovery.requeue_s))
+            )
+    if resend:
+        log.warning("re-sending %d queued shards whose broker messages are missing", len(resend))
+        enqueue_shards(settings, resend)
+    return len(resend)
+
+
+def _finalize_finished_jobs(settings: Settings) -> int:
+    unfinished = exists().where(Shard.job_id == Job.id, Shard.status.not_in((SHARD_DONE, SHARD_CANCELLED)))
+    with session_scope(settings.database_url) as s:
+        job_ids = list(
+            s.scalars(
+                select(Job.id).where(
+                    Job.status.in_((IN_PROGRESS, CANCELLING, FINALIZING)), Job.shard_count > 0, ~unfinished
+                )
+            )
+        )
+    return sum(lifecycle.maybe_finalize(settings, job_id) for job_id in job_ids)
+
+
+def _fail_stale_validations(settings: Settings) -> int:
+    cutoff = utcnow() - lifecycle.STALE_VALIDATION
+    with session_scope(settings.database_url) as s:
+        stale = (Job.status == VALIDATING) | ((Job.status == CANCELLING) & Job.in_progress_at.is_(None))
+        result = s.execute(
+            update(Job)
+            .where(stale, Job.created_at < cutoff)
+            .values(
+                status=FAILED,
+                failed_at=utcnow(),
+                errors=[
+                    {
+                        "code": "validation_interrupted",
+                        "message": "The server validating this batch stopped; please submit it again.",
+                        "param": None,
+                        "line": None,
+                    }
+                ],
+            )
+        )
+        return result.rowcount
+
+
+class Sweeper:
+    """Runs `sweep` every `recovery.sweep_s` seconds (with jitter) on a daemon thread."""
+
+    def __init__(self, settings: Settings, recovery: Recovery | None = None):
+        self.settings = settings
+        self.recovery = recovery or Recovery.from_env()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="sweeper", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.recovery.sweep_s * random.uniform(0.75, 1.25)):
+            try:
+                acted = sweep(self.settings, self.recovery)
+            except Exception:  # noqa: BLE001 - the database or broker is down: try again next time
+                log.warning("sweep failed", exc_info=True)
+                continue
+            if any(acted.values()):
+                log.info("sweep: %s", acted)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
