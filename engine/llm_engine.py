@@ -54,9 +54,13 @@ class LLMEngine:
         )
         self.sampler = Sampler(self.model_config.vocab_size, self.device, self.config.seed)
         self.detokenizer = Detokenizer(self.tokenizer)
-        self.requests: dict[str, _Request] = {}
-        self._incoming: deque[_Request] = deque()
+        self.requests: dict[str, _Request] = {}  # admitted to the scheduler
+        self._incoming: deque[_Request] = deque()  # added, not yet admitted
+        self._known_ids: set[str] = set()  # ids of both
+        # Stepping holds `_lock` for a whole step; adding only needs the short `_intake_lock`,
+        # so a request added from another thread never waits for a step to finish.
         self._lock = threading.RLock()
+        self._intake_lock = threading.Lock()
         self._seq_ids = itertools.count()
         self.stats = {"steps": 0, "batched_seqs": 0, "tokens": 0, "preemptions": 0}
 
@@ -110,18 +114,23 @@ class LLMEngine:
         self.check_request(ids, params)
         arrival = arrival_time or time.time()
         seqs = [Sequence(next(self._seq_ids), request_id, i, ids, params, arrival) for i in range(params.n)]
-        with self._lock:
-            if request_id in self.requests or any(r.request_id == request_id for r in self._incoming):
+        with self._intake_lock:
+            if request_id in self._known_ids:
                 raise ValueError(f"request id {request_id!r} is already in use")
+            self._known_ids.add(request_id)
             self._incoming.append(_Request(request_id, text, ids, params, seqs))
 
     def abort_request(self, request_id: str) -> bool:
         """Drop a request now; its blocks return to the pool at once. False if unknown."""
         with self._lock:
-            for req in list(self._incoming):
-                if req.request_id == request_id:
-                    self._incoming.remove(req)
-                    return True
+            with self._intake_lock:
+                if request_id not in self._known_ids:
+                    return False
+                self._known_ids.discard(request_id)
+                for req in self._incoming:
+                    if req.request_id == request_id:
+                        self._incoming.remove(req)
+                        return True
             req = self.requests.pop(request_id, None)
             if req is None:
                 return False
@@ -131,19 +140,20 @@ class LLMEngine:
             return True
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests or self._incoming)
+        return bool(self._known_ids)
 
     @property
     def num_unfinished_requests(self) -> int:
-        return len(self.requests) + len(self._incoming)
+        return len(self._known_ids)
 
     # ---- stepping ------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduling step; returns the requests that finished in it."""
         with self._lock:
-            while self._incoming:
-                req = self._incoming.popleft()
+            with self._intake_lock:
+                incoming, self._incoming = self._incoming, deque()
+            for req in incoming:
                 self.requests[req.request_id] = req
                 for seq in req.seqs:
                     self.scheduler.add(seq)
@@ -219,6 +229,8 @@ class LLMEngine:
         if req is None or not all(s.is_finished for s in req.seqs):
             return None
         del self.requests[seq.request_id]
+        with self._intake_lock:
+            self._known_ids.discard(seq.request_id)
         return self._make_output(req)
 
     @staticmethod

@@ -95,6 +95,36 @@ def test_add_request_from_threads_while_stepping(llm, engine):
         assert out.outputs[0].finish_reason == "length"
 
 
+def test_add_request_does_not_wait_for_a_running_step(llm, engine, monkeypatch):
+    """Adding from another thread takes effect while a step is still computing (the worker
+    submits hundreds of requests per shard; each must not wait for a step)."""
+    in_step, release = threading.Event(), threading.Event()
+    execute = engine.runner.execute
+
+    def slow_execute(batch):
+        in_step.set()
+        assert release.wait(30)
+        return execute(batch)
+
+    monkeypatch.setattr(engine.runner, "execute", slow_execute)
+    engine.add_request("first", prompt(1), greedy(2))
+    stepper = threading.Thread(target=engine.step)
+    stepper.start()
+    assert in_step.wait(30)
+    added = threading.Event()
+    adder = threading.Thread(target=lambda: (engine.add_request("second", prompt(2), greedy(2)), added.set()))
+    adder.start()
+    assert added.wait(10), "add_request blocked behind the running step"
+    assert engine.num_unfinished_requests == 2
+    release.set()
+    stepper.join()
+    monkeypatch.setattr(engine.runner, "execute", execute)
+    finished = set()
+    while engine.has_unfinished_requests():
+        finished |= {o.request_id for o in engine.step()}
+    assert finished == {"first", "second"}
+
+
 def test_preemption_and_chunked_prefill_do_not_change_outputs(llm, model_dir):
     """A pool too small for all requests at once (so sequences are preempted and
     recomputed) and a tiny token budget (so prompts are chunked) give the same tokens,
