@@ -33,7 +33,8 @@ def test_sigkill_mid_shard_several_times(fresh_workers):  # noqa: F811
 def test_redelivery_during_a_long_shard_does_not_run_it_twice(fresh_workers):  # noqa: F811
     h = fresh_workers
     # Redis hands an unacknowledged message to another consumer after 1s; each shard runs for longer
-    worker = h.start_worker(concurrency=3, PAGEDBATCH_VISIBILITY_TIMEOUT_S="1")
+    # (600 steps of at least 10 ms each, however fast the machine)
+    worker = h.start_worker(concurrency=3, PAGEDBATCH_VISIBILITY_TIMEOUT_S="1", PAGEDBATCH_TEST_STEP_DELAY_S="0.01")
     ids = [f"v{i}" for i in range(8)]
     job = h.submit([long_line(cid, max_tokens=600) for cid in ids])
     done = h.wait(job["id"], timeout=120)

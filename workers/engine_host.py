@@ -16,17 +16,21 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future
 
 log = logging.getLogger(__name__)
 
 POISON_ENV = "PAGEDBATCH_TEST_POISON"  # tests only: a prompt containing this text makes every step raise
+STEP_DELAY_ENV = "PAGEDBATCH_TEST_STEP_DELAY_S"  # tests only: every step takes at least this long
 
 
 class EngineHost:
     def __init__(self, engine, idle_wait_s: float = 0.05):
         marker = os.environ.get(POISON_ENV)
+        delay = float(os.environ.get(STEP_DELAY_ENV) or 0)
+        engine = SlowEngine(engine, delay) if delay > 0 else engine
         self.engine = PoisonedEngine(engine, marker) if marker else engine
         self.idle_wait_s = idle_wait_s
         self._futures: dict[str, Future] = {}
@@ -200,6 +204,22 @@ class PoisonedEngine:
     def step(self):
         if self._poisoned:
             raise RuntimeError(f"test fault: a poisoned request is in the batch ({len(self._poisoned)})")
+        return self._engine.step()
+
+
+class SlowEngine:
+    """Test-only: every step takes at least `delay` seconds, so that a shard reliably outlasts a short
+    broker visibility timeout whatever the machine's speed. Installed when PAGEDBATCH_TEST_STEP_DELAY_S is set."""
+
+    def __init__(self, engine, delay: float):
+        self._engine = engine
+        self._delay = delay
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def step(self):
+        time.sleep(self._delay)
         return self._engine.step()
 
 
