@@ -85,3 +85,26 @@ class EmbeddedRedis:
             if pid:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGTERM)
+
+
+LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
+LOCAL_REDIS = "redis://127.0.0.1:6379/0"
+
+
+def servers_or_embedded(tmp: Path, pg_url: str = LOCAL_POSTGRES, redis_url: str = LOCAL_REDIS):
+    """(admin PostgreSQL URL, Redis URL, stop callables): the given servers when they answer, else
+    embedded ones started under `tmp` (the stop callables shut those down)."""
+    from urllib.parse import urlparse
+
+    stops = []
+    parsed = urlparse(pg_url)
+    if not port_open(parsed.hostname or "127.0.0.1", parsed.port or 5432):
+        pg = EmbeddedPostgres(tmp / "pgdata")
+        stops.append(pg.stop)
+        pg_url = pg.url("postgres")
+    parsed = urlparse(redis_url)
+    if not port_open(parsed.hostname or "127.0.0.1", parsed.port or 6379):
+        redis = EmbeddedRedis(tmp / "redis.db")
+        stops.append(redis.stop)
+        redis_url = redis.url
+    return pg_url, redis_url, stops

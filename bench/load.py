@@ -159,23 +159,11 @@ def percentile(values: list[float], q: float) -> float:
 
 def start_stack(args, tmp: Path):
     """PostgreSQL and Redis on loopback, a fresh database, one worker and the API (gunicorn)."""
-    from api.embedded import EmbeddedPostgres, EmbeddedRedis, create_database, drop_database, port_open
+    from api.embedded import create_database, drop_database, servers_or_embedded
     from api.store.migrate import upgrade
     from api.store.settings import Settings
 
-    stops = []
-    if port_open("127.0.0.1", 5432):
-        admin = "postgresql://postgres@127.0.0.1:5432/postgres"
-    else:
-        pg = EmbeddedPostgres(tmp / "pgdata")
-        stops.append(pg.stop)
-        admin = pg.url("postgres")
-    if port_open("127.0.0.1", 6379):
-        broker = "redis://127.0.0.1:6379/0"
-    else:
-        redis = EmbeddedRedis(tmp / "redis.db")
-        stops.append(redis.stop)
-        broker = redis.url
+    admin, broker, stops = servers_or_embedded(tmp)
     if args.model:
         model_path = args.model
     else:

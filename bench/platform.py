@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
 sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() != HERE]
 
-from api.embedded import EmbeddedPostgres, EmbeddedRedis, create_database, drop_database, port_open  # noqa: E402
+from api.embedded import create_database, drop_database, servers_or_embedded  # noqa: E402
 from api.store.settings import Settings  # noqa: E402
 
 
@@ -146,19 +146,7 @@ def main() -> None:
     offline_s = time.perf_counter() - t
 
     # ---- services ----
-    stops = []
-    if port_open("127.0.0.1", 5432):
-        admin = "postgresql://postgres@127.0.0.1:5432/postgres"
-    else:
-        pg = EmbeddedPostgres(tmp / "pgdata")
-        stops.append(pg.stop)
-        admin = pg.url("postgres")
-    if port_open("127.0.0.1", 6379):
-        broker = "redis://127.0.0.1:6379/0"
-    else:
-        redis = EmbeddedRedis(tmp / "redis.db")
-        stops.append(redis.stop)
-        broker = redis.url
+    admin, broker, stops = servers_or_embedded(tmp)
     token = secrets.token_hex(4)
     db = f"pagedbatch_bench_{token}"
     create_database(admin, db)

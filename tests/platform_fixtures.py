@@ -21,11 +21,16 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
 
-from api.embedded import EmbeddedPostgres, EmbeddedRedis, create_database, drop_database, port_open
+from api.embedded import (
+    LOCAL_POSTGRES,
+    LOCAL_REDIS,
+    create_database,
+    drop_database,
+    servers_or_embedded,
+)
 from api.store.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,20 +46,11 @@ def spawn(cmd: list[str], log, **kwargs) -> subprocess.Popen:
 
 def _services(tmp: Path):
     """(admin postgres URL, redis URL, things to stop) for this session."""
-    stops = []
-    pg_url = os.environ.get("PAGEDBATCH_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-    parsed = urlparse(pg_url)
-    if not port_open(parsed.hostname or "127.0.0.1", parsed.port or 5432):
-        pg = EmbeddedPostgres(tmp / "pgdata")
-        stops.append(pg.stop)
-        pg_url = pg.url("postgres")
-    redis_url = os.environ.get("PAGEDBATCH_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-    parsed = urlparse(redis_url)
-    if not port_open(parsed.hostname or "127.0.0.1", parsed.port or 6379):
-        redis = EmbeddedRedis(tmp / "redis.db")
-        stops.append(redis.stop)
-        redis_url = redis.url
-    return pg_url, redis_url, stops
+    return servers_or_embedded(
+        tmp,
+        os.environ.get("PAGEDBATCH_TEST_POSTGRES_URL", LOCAL_POSTGRES),
+        os.environ.get("PAGEDBATCH_TEST_REDIS_URL", LOCAL_REDIS),
+    )
 
 
 def _database_url(admin_url: str, name: str) -> str:
