@@ -17,11 +17,14 @@ from workers import shard_runner
 class InstantHost:
     tokenizer = None
 
-    def submit(self, request_id, prompt, params):
-        future = Future()
-        out = CompletionOutput(0, "ok", [7, 8], "length")
-        future.set_result(RequestOutput(request_id, None, prompt["prompt_token_ids"], [out]))
-        return future
+    def submit_many(self, requests):
+        futures = []
+        for request_id, prompt, _params in requests:
+            future = Future()
+            out = CompletionOutput(0, "ok", [7, 8], "length")
+            future.set_result(RequestOutput(request_id, None, prompt["prompt_token_ids"], [out]))
+            futures.append(future)
+        return futures
 
     def abort(self, request_ids):
         return 0

@@ -19,12 +19,15 @@ class FakeHost:
     def __init__(self):
         self.submitted = 0
 
-    def submit(self, request_id, prompt, params):
-        self.submitted += 1
-        future = Future()
-        ids = prompt["prompt_token_ids"]
-        future.set_result(RequestOutput(request_id, None, ids, [CompletionOutput(0, "ok", [7, 8], "length")]))
-        return future
+    def submit_many(self, requests):
+        futures = []
+        for request_id, prompt, _params in requests:
+            self.submitted += 1
+            future = Future()
+            ids = prompt["prompt_token_ids"]
+            future.set_result(RequestOutput(request_id, None, ids, [CompletionOutput(0, "ok", [7, 8], "length")]))
+            futures.append(future)
+        return futures
 
     def abort(self, request_ids):
         return 0

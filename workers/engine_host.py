@@ -58,18 +58,26 @@ class EngineHost:
 
         Bad input resolves the future with the engine's ValueError instead of raising here.
         """
-        future: Future = Future()
+        return self.submit_many([(request_id, prompt, params)])[0]
+
+    def submit_many(self, requests) -> list[Future]:
+        """Add (request_id, prompt, params) requests at once, so that they enter the same step
+        rather than trickling into the batch one step at a time."""
+        futures = []
         with self._lock:
-            if request_id in self._futures:
-                raise ValueError(f"request {request_id!r} is already running")
-            self._futures[request_id] = future
-            self._requests[request_id] = (prompt, params)
-            if self._isolating():
-                self._held.append(request_id)
-                return future
-            self._add(request_id)
+            for request_id, prompt, params in requests:
+                if request_id in self._futures:
+                    raise ValueError(f"request {request_id!r} is already running")
+                future: Future = Future()
+                futures.append(future)
+                self._futures[request_id] = future
+                self._requests[request_id] = (prompt, params)
+                if self._isolating():
+                    self._held.append(request_id)
+                else:
+                    self._add(request_id)
         self._wake.set()
-        return future
+        return futures
 
     def abort(self, request_ids) -> int:
         aborted = 0

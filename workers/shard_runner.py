@@ -100,11 +100,11 @@ def run_shard(settings: Settings, host, watcher, shard_id: str) -> str:
         _in_flight[shard_id] = request_ids
     try:
         if not (claim.job_cancelling or watcher.is_cancelled(claim.job_id) or draining.is_set()):
-            for request_id, req in zip(request_ids, requests):
-                started[request_id] = time.time()
-                future = host.submit(
-                    request_id, {"prompt_token_ids": req.prompt_token_ids}, req.sampling_params
-                )
+            batch = [(rid, {"prompt_token_ids": req.prompt_token_ids}, req.sampling_params)
+                     for rid, req in zip(request_ids, requests)]
+            now = time.time()
+            for request_id, future in zip(request_ids, host.submit_many(batch)):
+                started[request_id] = now
                 future.add_done_callback(lambda _f, rid=request_id: finished.__setitem__(rid, time.time()))
                 futures[request_id] = future
         concurrent.futures.wait(futures.values())
