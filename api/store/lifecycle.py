@@ -354,16 +354,22 @@ def list_jobs(
         query = select(Job).where(Job.tenant == tenant)
         if status:
             query = query.where(Job.status == status)
-        if after:
-            anchor = s.get(Job, after)
-            if anchor is None or anchor.tenant != tenant:
-                raise NotFound(f"No such batch: {after}", param="after")
-            query = query.where(
-                (Job.created_at < anchor.created_at)
-                | ((Job.created_at == anchor.created_at) & (Job.id < anchor.id))
-            )
-        rows = list(s.scalars(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)))
-        return rows[:limit], len(rows) > limit
+        return _page(s, Job, query, tenant, limit, after, "batch")
+
+
+def _page(s, model, query, tenant: str, limit: int, after: str | None, noun: str):
+    """One page of `query`, newest first, starting after the row with id `after` (keyset pagination,
+    stable while rows are added); returns (rows, whether more follow)."""
+    if after:
+        anchor = s.get(model, after)
+        if anchor is None or anchor.tenant != tenant:
+            raise NotFound(f"No such {noun}: {after}", param="after")
+        query = query.where(
+            (model.created_at < anchor.created_at)
+            | ((model.created_at == anchor.created_at) & (model.id < anchor.id))
+        )
+    rows = list(s.scalars(query.order_by(model.created_at.desc(), model.id.desc()).limit(limit + 1)))
+    return rows[:limit], len(rows) > limit
 
 
 @dataclass
@@ -751,13 +757,4 @@ def list_files(
         query = select(File).where(File.tenant == tenant)
         if purpose:
             query = query.where(File.purpose == purpose)
-        if after:
-            anchor = s.get(File, after)
-            if anchor is None or anchor.tenant != tenant:
-                raise NotFound(f"No such file: {after}", param="after")
-            query = query.where(
-                (File.created_at < anchor.created_at)
-                | ((File.created_at == anchor.created_at) & (File.id < anchor.id))
-            )
-        rows = list(s.scalars(query.order_by(File.created_at.desc(), File.id.desc()).limit(limit + 1)))
-        return rows[:limit], len(rows) > limit
+        return _page(s, File, query, tenant, limit, after, "file")
