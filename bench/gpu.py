@@ -111,17 +111,10 @@ def guarded(name: str, results: dict):
 # ---- 1. kernels ------------------------------------------------------------------------
 
 def kernel_checks():
-    from bench.gpu_kernels import check_kernels_on_gpu
+    from bench.gpu_kernels import check_kernels_on_gpu, print_tables
 
     checks, bandwidth = check_kernels_on_gpu()
-    print(f"{'kernel':<20} {'shape':<78} {'max rel err':>11}  ok")
-    for kernel, shape, err, ok in checks:
-        print(f"{kernel:<20} {shape:<78} {err:>11.2e}  {'yes' if ok else 'NO'}")
-    print()
-    print(f"{'decode attention':<36} {'KV MiB':>8} {'ms':>8} {'GB/s':>8} {'copy GB/s':>10} {'of copy':>8}")
-    for r in bandwidth:
-        print(f"{r['case']:<36} {r['kv_mib']:>8.0f} {r['ms']:>8.3f} {r['gbps']:>8.0f} {r['copy_gbps']:>10.0f}"
-              f" {r['fraction_of_copy']:>8.0%}")
+    print_tables(checks, bandwidth)
     headline = next(r for r in bandwidth if r["case"].startswith("decode 256x1024"))
     verdict = "PASS" if headline["fraction_of_copy"] >= ATTENTION_TARGET else "FAIL"
     print(f"target: decode attention 256x1024 >= {ATTENTION_TARGET:.0%} of copy bandwidth: "

@@ -156,8 +156,7 @@ def check_kernels_on_gpu():
     return checks, bandwidth
 
 
-def main() -> None:
-    checks, bandwidth = check_kernels_on_gpu()
+def print_tables(checks, bandwidth) -> None:
     print(f"{'kernel':<20} {'shape':<78} {'max rel err':>11}  ok")
     for kernel, shape, err, ok in checks:
         print(f"{kernel:<20} {shape:<78} {err:>11.2e}  {'yes' if ok else 'NO'}")
@@ -166,6 +165,10 @@ def main() -> None:
     for r in bandwidth:
         print(f"{r['case']:<36} {r['kv_mib']:>8.0f} {r['ms']:>8.3f} {r['gbps']:>8.0f} {r['copy_gbps']:>10.0f}"
               f" {r['fraction_of_copy']:>8.0%}")
+
+
+def main() -> None:
+    print_tables(*check_kernels_on_gpu())
 
 
 if __name__ == "__main__":
