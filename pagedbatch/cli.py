@@ -107,8 +107,7 @@ def _cmd_worker(args) -> int:
     from workers.celery_app import make_celery
     from workers.engine_host import EngineHost, set_host
 
-    engine = LLMEngine(model=path, **_engine_kwargs(args))
-    host = EngineHost(engine)
+    host = EngineHost.load(lambda: LLMEngine(model=path, **_engine_kwargs(args)))
     set_host(host)
     watcher = CancelWatcher(settings, host)
     tasks.configure(settings, host, watcher)
