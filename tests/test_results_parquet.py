@@ -27,9 +27,7 @@ def _request(line: int, url: str = rq.CHAT_URL, n: int = 1) -> rq.ParsedRequest:
 
 def _output(line: int, n: int = 1, finish_reason: str = "stop") -> RequestOutput:
     choices = [
-        CompletionOutput(
-            index=i, text=f"answer {line}.{i}", token_ids=[7] * (i + 2), finish_reason=finish_reason
-        )
+        CompletionOutput(index=i, text=f"answer {line}.{i}", token_ids=[7] * (i + 2), finish_reason=finish_reason)
         for i in range(n)
     ]
     return RequestOutput(request_id=str(line), prompt=None, prompt_token_ids=[1, 2, 3], outputs=choices)
@@ -45,9 +43,7 @@ def _rows(lines, shard="s") -> list[dict]:
     rows = []
     for line in lines:
         if line % 5 == 0:
-            rows.append(
-                rs.error_row(rq.LineError(line, f"req-{line}", rq.INVALID_JSON, "bad json"), shard_id=shard)
-            )
+            rows.append(rs.error_row(rq.LineError(line, f"req-{line}", rq.INVALID_JSON, "bad json"), shard_id=shard))
         elif line % 7 == 0:
             rows.append(rs.cancelled_row(_request(line), shard_id=shard))
         else:
@@ -177,6 +173,35 @@ def test_merge_counts_and_jsonl(store):
     assert json.loads(next(rs.iter_output_jsonl(store.url_for(merged), id_seed="other")))["id"] != first["id"]
 
 
+def test_output_lines_are_the_openai_objects_with_the_stored_body(tmp_path):
+    """Output lines are written by splicing the stored body into the line; they must parse to exactly
+    what `batch_output_line` builds, whatever the custom_id and the text hold."""
+    custom_ids = ["plain", 'quo"te \\ back', "ünï \u2028 line\nbreak", "{}"]
+    rows = []
+    for line, custom_id in enumerate(custom_ids, start=1):
+        request = rq.ParsedRequest(
+            line=line, custom_id=custom_id, url=rq.COMPLETIONS_URL, model="tiny", prompt_token_ids=[1, 2],
+            sampling_params=SamplingParams(max_tokens=4), body={"model": "tiny"},
+        )  # fmt: skip
+        output = RequestOutput(
+            request_id=str(line), prompt=None, prompt_token_ids=[1, 2],
+            outputs=[CompletionOutput(index=0, text=f'"{custom_id}"\n', token_ids=[5, 6], finish_reason="length")],
+        )  # fmt: skip
+        rows.append(rs.completed_row(request, output, created_at=T0, started_at=T0, finished_at=T0))
+    path = rs.write_results(str(tmp_path / "r.parquet"), rows)
+    lines = list(rs.iter_output_jsonl(path, id_seed="job9"))
+    assert len(lines) == len(custom_ids) and all(s.endswith("\n") and s.count("\n") == 1 for s in lines)
+    for row, text in zip(rows, lines):
+        parsed = json.loads(text)
+        expected = rq.batch_output_line(
+            row["custom_id"], json.loads(row["response_body"]),
+            line_id=parsed["id"], request_id=parsed["response"]["request_id"],
+        )  # fmt: skip
+        assert parsed == expected
+    ids = [json.loads(t)["id"] for t in lines] + [json.loads(t)["response"]["request_id"] for t in lines]
+    assert len(set(ids)) == len(ids)  # distinct per line and between line and request ids
+
+
 def test_merge_of_overlapping_parts_sorts_them(store):
     store.write_part("job2", "a", _rows([1, 3, 5]))
     store.write_part("job2", "b", _rows([2, 4, 6]))
@@ -228,8 +253,6 @@ def test_write_results_single_file(tmp_path):
     rows = _rows(range(1, 6))
     rs.write_results(url, rows)
     assert rs.count_results(url).total == 5
-    path = rs.write_results(
-        str(tmp_path / "sub" / "out.parquet"), pa.Table.from_pylist(rows, schema=rs.RESULT_SCHEMA)
-    )
+    path = rs.write_results(str(tmp_path / "sub" / "out.parquet"), pa.Table.from_pylist(rows, schema=rs.RESULT_SCHEMA))
     assert pq.read_table(path).num_rows == 5
     assert [p.name for p in (tmp_path / "sub").iterdir()] == ["out.parquet"]

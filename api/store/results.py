@@ -39,6 +39,7 @@ latency_ms         float64              finished_at - started_at in milliseconds
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -57,7 +58,6 @@ from api.store.requests import (
     LineError,
     ParsedRequest,
     batch_error_line,
-    batch_output_line,
     response_body,
 )
 
@@ -88,7 +88,6 @@ RESULT_SCHEMA = pa.schema([
     pa.field("latency_ms", pa.float64()),
 ])  # fmt: skip
 
-_ID_NAMESPACE = uuid.UUID("8b0f3c52-3c1e-4d7e-9a43-5f0d2f1b6a11")
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -283,9 +282,7 @@ def write_results(url: str, rows: Iterable[dict] | pa.Table, *, storage_options:
     return path
 
 
-def _batches(
-    fs, paths: list[str], columns: list[str] | None, batch_size: int = 1024
-) -> Iterator[pa.RecordBatch]:
+def _batches(fs, paths: list[str], columns: list[str] | None, batch_size: int = 1024) -> Iterator[pa.RecordBatch]:
     for path in paths:
         with fs.open(path, "rb") as f:
             yield from pq.ParquetFile(f).iter_batches(batch_size=batch_size, columns=columns)
@@ -322,35 +319,37 @@ def count_table(table: pa.Table) -> ResultCounts:
     return _count(table.select(["status", "prompt_tokens", "completion_tokens"]).to_batches())
 
 
-def _line_id(seed: str, line: int, kind: str) -> str:
-    return uuid.uuid5(_ID_NAMESPACE, f"{seed}:{line}:{kind}").hex
+def _line_ids(seed: str, line: int) -> tuple[str, str]:
+    """The output line's id and its request id: stable for a job's line, so a regenerated file is identical."""
+    digest = hashlib.blake2b(f"{seed}:{line}".encode(), digest_size=32, person=b"pagedbatch-ids").hexdigest()
+    return "batch_req_" + digest[:32], "req_" + digest[32:]
 
 
 _JSONL_COLUMNS = ["custom_id", "line", "status", "error_code", "error_message", "response_body"]
 
 
+def _output_line(custom_id: str, body_json: str, line_id: str, request_id: str) -> str:
+    """`batch_output_line` as text, with the stored response body spliced in rather than parsed and re-encoded."""
+    response = {"status_code": 200, "request_id": request_id}
+    head = json.dumps({"id": line_id, "custom_id": custom_id, "response": response}, ensure_ascii=False)
+    return f'{head[:-2]}, "body": {body_json}}}, "error": null}}\n'
+
+
 def _jsonl(batches: Iterable[pa.RecordBatch], seed: str, *, errors: bool) -> Iterator[str]:
     for batch in batches:
-        for row in batch.to_pylist():
-            line_id = "batch_req_" + _line_id(seed, row["line"], "line")
-            request_id = "req_" + _line_id(seed, row["line"], "request")
-            if row["status"] == COMPLETED:
-                if errors:
-                    continue
-                body = json.loads(row["response_body"])
-                obj = batch_output_line(row["custom_id"], body, line_id=line_id, request_id=request_id)
-            else:
-                if not errors:
-                    continue
-                # Lines the API rejected look like OpenAI's HTTP 400s; cancelled or engine failures
-                # carry no response, only an error.
-                status_code = (
-                    400 if row["status"] == FAILED and row["error_code"] in REQUEST_ERROR_CODES else None
-                )
-                obj = batch_error_line(
-                    row["custom_id"], row["error_code"] or "error", row["error_message"] or "",
-                    status_code=status_code, line_id=line_id, request_id=request_id,
-                )  # fmt: skip
+        completed = pc.equal(batch.column("status"), COMPLETED)
+        for row in batch.filter(pc.invert(completed) if errors else completed).to_pylist():
+            line_id, request_id = _line_ids(seed, row["line"])
+            if not errors:
+                yield _output_line(row["custom_id"], row["response_body"], line_id, request_id)
+                continue
+            # Lines the API rejected look like OpenAI's HTTP 400s; cancelled or engine failures
+            # carry no response, only an error.
+            status_code = 400 if row["status"] == FAILED and row["error_code"] in REQUEST_ERROR_CODES else None
+            obj = batch_error_line(
+                row["custom_id"], row["error_code"] or "error", row["error_message"] or "",
+                status_code=status_code, line_id=line_id, request_id=request_id,
+            )  # fmt: skip
             yield json.dumps(obj, ensure_ascii=False) + "\n"
 
 
