@@ -45,16 +45,17 @@ class TerminalCache:
 finished_bodies = TerminalCache()
 
 
-def cached_job_body(kind: str, tenant: str, job_id: str, build) -> dict:
-    """`build(job)` for the tenant's job, served from `finished_bodies` once the job has finished."""
+def cached_job_body(kind: str, tenant: str, job_id: str, shape) -> dict:
+    """`shape(job, progress)` for the tenant's job, read in one transaction, and served from
+    `finished_bodies` once the job has finished."""
     from api.store import lifecycle
     from api.store.models import TERMINAL_STATUSES
 
     key = (kind, settings().database_url, tenant, job_id)
     body = finished_bodies.get(key)
     if body is None:
-        job = lifecycle.get_job(settings(), tenant, job_id)
-        body = build(job)
+        job, progress = lifecycle.get_job_and_progress(settings(), tenant, job_id)
+        body = shape(job, progress)
         if job.status in TERMINAL_STATUSES:
             finished_bodies.put(key, body)
     return body

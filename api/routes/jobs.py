@@ -77,7 +77,7 @@ def list_jobs():
 
 @bp.get("/v1/jobs/<job_id>")
 def get_job(job_id: str):
-    return jsonify(cached_job_body("job", current_tenant(), job_id, _job_json))
+    return jsonify(cached_job_body("job", current_tenant(), job_id, job_object))
 
 
 @bp.post("/v1/jobs/<job_id>/cancel")

@@ -115,7 +115,7 @@ def list_batches():
 
 @bp.get("/v1/batches/<batch_id>")
 def get_batch(batch_id: str):
-    return jsonify(cached_job_body("batch", current_tenant(), batch_id, _batch_json))
+    return jsonify(cached_job_body("batch", current_tenant(), batch_id, batch_object))
 
 
 @bp.post("/v1/batches/<batch_id>/cancel")

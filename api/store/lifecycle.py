@@ -6,13 +6,14 @@ Statuses are OpenAI's batch status names for both API faces.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 
 from api.store import ids
 from api.store.db import session_scope
@@ -340,10 +341,21 @@ def parse_window(window: str | None) -> timedelta:
 
 def get_job(settings: Settings, tenant: str, job_id: str) -> Job:
     with session_scope(settings.database_url) as s:
-        job = s.get(Job, job_id)
-        if job is None or job.tenant != tenant:
-            raise NotFound(f"No such batch: {job_id}", param="batch_id")
-        return job
+        return _tenant_job(s, tenant, job_id)
+
+
+def get_job_and_progress(settings: Settings, tenant: str, job_id: str) -> tuple[Job, Progress]:
+    """The job and its live counts in one transaction: what a poll reads."""
+    with session_scope(settings.database_url) as s:
+        job = _tenant_job(s, tenant, job_id)
+        return job, job_progress(settings, job, session=s)
+
+
+def _tenant_job(s, tenant: str, job_id: str) -> Job:
+    job = s.get(Job, job_id)
+    if job is None or job.tenant != tenant:
+        raise NotFound(f"No such batch: {job_id}", param="batch_id")
+    return job
 
 
 def list_jobs(
@@ -383,8 +395,9 @@ class Progress:
     requests_valid: int
 
 
-def job_progress(settings: Settings, job: Job) -> Progress:
-    """Live counts: from the finished shards while running, from the job row once finalized."""
+def job_progress(settings: Settings, job: Job, session=None) -> Progress:
+    """Live counts: from the finished shards while running, from the job row once finalized.
+    With `session`, read in that transaction rather than a new one."""
     valid = job.request_total - job.invalid_lines
     if job.status in (COMPLETED, CANCELLED, FAILED, EXPIRED):
         return Progress(
@@ -398,19 +411,27 @@ def job_progress(settings: Settings, job: Job) -> Progress:
         )
     if not job.shard_count:
         return Progress(0, 0, 0, 0, 0, 0, valid)
-    done = Shard.status == SHARD_DONE
-    with session_scope(settings.database_url) as s:
-        row = s.execute(
-            select(
-                func.coalesce(func.sum(Shard.completed), 0),
-                func.coalesce(func.sum(Shard.failed), 0),
-                func.coalesce(func.sum(Shard.cancelled), 0),
-                func.coalesce(func.sum(Shard.prompt_tokens), 0),
-                func.coalesce(func.sum(Shard.completion_tokens), 0),
-                func.coalesce(func.sum(Shard.request_count).filter(done), 0),
-            ).where(Shard.job_id == job.id)
-        ).one()
+    params = {"job_id": job.id}
+    if session is not None:
+        row = session.execute(_progress_query(), params).one()
+    else:
+        with session_scope(settings.database_url) as s:
+            row = s.execute(_progress_query(), params).one()
     return Progress(*(int(v) for v in row), valid)
+
+
+@functools.cache
+def _progress_query():
+    """Built once: pollers run it many times a second."""
+    done = Shard.status == SHARD_DONE
+    return select(
+        func.coalesce(func.sum(Shard.completed), 0),
+        func.coalesce(func.sum(Shard.failed), 0),
+        func.coalesce(func.sum(Shard.cancelled), 0),
+        func.coalesce(func.sum(Shard.prompt_tokens), 0),
+        func.coalesce(func.sum(Shard.completion_tokens), 0),
+        func.coalesce(func.sum(Shard.request_count).filter(done), 0),
+    ).where(Shard.job_id == bindparam("job_id"))
 
 
 # ---- cancelling ------------------------------------------------------------------------
