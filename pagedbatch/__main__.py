@@ -1,3 +1,4 @@
 from pagedbatch.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # not when a multiprocessing child imports this module
+    raise SystemExit(main())
