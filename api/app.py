@@ -32,6 +32,7 @@ def create_app(settings: Settings | None = None, *, warm: bool = True) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = settings.max_upload_bytes + (1 << 20)  # room for multipart framing
     app.config["MAX_FORM_MEMORY_SIZE"] = 1 << 20
     app.json.sort_keys = False
+    app.url_map.merge_slashes = False  # "/v1/jobs//x" is a 404 error object, not an HTML redirect
     app.extensions["pagedbatch"] = Platform(settings)
     register_error_handlers(app)
     app.before_request(authenticate)  # every route but /healthz and /openapi.json needs an API key

@@ -256,6 +256,13 @@ def test_nul_and_odd_text_in_ids_and_parameters(api, text):
     assert job["request_counts"]["valid"] == 1  # NUL is a character like another inside a request
 
 
+def test_doubled_slashes_are_json_404s_not_redirects(api):
+    for path in ("/v1/jobs//x", "/v1/files///x", "/v1/batches//x%00", "/v1/jobs//x/errors", "/v1/jobs/%2Fx"):
+        r = api.get(path)
+        assert r.status_code == 404, (path, r.status_code, r.headers.get("Location"))
+        assert set(r.get_json()["error"]) == {"message", "type", "param", "code"}
+
+
 def test_metadata_must_be_string_pairs(api):
     for metadata in ({"a": {"b": 1}}, {"a": 1}, {f"k{i}": "v" for i in range(17)}, {"k" * 65: "v"}, [1]):
         assert_4xx(post_raw(api, jsonl([chat_line("a", "x")]), metadata=json.dumps(metadata)))
