@@ -106,13 +106,20 @@ def _cmd_worker(args) -> int:
     from workers.cancel import CancelWatcher
     from workers.celery_app import make_celery
     from workers.engine_host import EngineHost, set_host
+    from workers.priority import lower_this_thread
 
     host = EngineHost.load(lambda: LLMEngine(model=path, **_engine_kwargs(args)))
+    if args.bookkeeping_nice:  # every thread started from here on yields to the engine's
+        lower_this_thread(args.bookkeeping_nice)
     set_host(host)
     watcher = CancelWatcher(settings, host)
     tasks.configure(settings, host, watcher)
     app = make_celery(settings)
-    print(f"pagedbatch worker: model {name} from {path}, queue {settings.queue_for(name)}", file=sys.stderr)
+    print(
+        f"pagedbatch worker: model {name} from {path}, queue {settings.queue_for(name)}, "
+        f"engine loop thread {host.loop_thread_id}",
+        file=sys.stderr,
+    )
     app.worker_main(
         [
             "worker",
@@ -457,6 +464,10 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--concurrency", type=int, default=4, help="shard tasks in flight at once")
     worker.add_argument("--num-kv-blocks", type=int, default=None)
     worker.add_argument("--loglevel", default="info")
+    worker.add_argument(
+        "--bookkeeping-nice", type=int, default=10, metavar="N",
+        help="nice value added to the worker's own threads (Celery, shard tasks), not the engine's; 0: off",
+    )  # fmt: skip
     _add_engine_args(worker)
     worker.set_defaults(func=_cmd_worker)
 

@@ -45,6 +45,7 @@ class EngineHost:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._ready = threading.Event()
+        self.loop_thread_id: int | None = None  # the loop thread's native id, once it runs
         self._load_error: BaseException | None = None
         self._thread = threading.Thread(
             target=self._run, args=(factory or (lambda: engine),), name="engine-loop", daemon=True
@@ -66,6 +67,7 @@ class EngineHost:
         return cls(factory=factory, idle_wait_s=idle_wait_s)
 
     def _run(self, factory) -> None:
+        self.loop_thread_id = threading.get_native_id()
         try:
             engine = factory()
             marker = os.environ.get(POISON_ENV)
