@@ -15,11 +15,8 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import secrets
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -28,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from bench.platform import REPO, spawn, wait_until_ready
+from bench.stack import start_stack
 
 MODEL = "load"
 TERMINAL = ("completed", "failed", "cancelled", "expired")
@@ -157,77 +154,6 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def start_stack(args, tmp: Path):
-    """PostgreSQL and Redis on loopback, a fresh database, one worker and the API (gunicorn)."""
-    from api.embedded import create_database, drop_database, servers_or_embedded
-    from api.store.migrate import upgrade
-    from api.store.settings import Settings
-
-    admin, broker, stops = servers_or_embedded(tmp)
-    if args.model:
-        model_path = args.model
-    else:
-        from engine.tiny import write_tiny_model
-
-        model_path = str(write_tiny_model(tmp / "tiny", arch="qwen3"))
-    token = secrets.token_hex(4)
-    db = f"pagedbatch_load_{token}"
-    create_database(admin, db)
-    stops.append(lambda: drop_database(admin, db))
-    base, _, query = admin.partition("?")
-    settings = Settings(
-        database_url=base.rsplit("/", 1)[0] + "/" + db + ("?" + query if query else ""),
-        broker_url=broker,
-        storage_url=str(tmp / "storage"),
-        models={MODEL: model_path},
-        shard_size=args.shard_size,
-        broker_prefix=f"pbload-{token}:",
-        queue_prefix=f"pbload-{token}",
-    )
-    for name in ("max_active_jobs_per_tenant", "max_queued_requests_per_tenant"):
-        if hasattr(settings, name):
-            setattr(settings, name, 0)  # unlimited: this measures the platform, not the per-tenant limits
-    upgrade(settings.database_url)
-    env = {**os.environ, **settings.to_env()}
-    worker = [sys.executable, "-m", "pagedbatch", "worker", "--model", f"{MODEL}={model_path}"]
-    procs = [
-        spawn([*worker, f"--concurrency={args.concurrency}"], env=env, cwd=REPO, log=tmp / "worker.log"),
-        spawn(
-            [sys.executable, "-m", "pagedbatch", "api", "--host", "127.0.0.1", f"--port={args.port}",
-             f"--workers={args.api_workers}", "--threads=16"],
-            env=env, cwd=REPO, log=tmp / "api.log",
-        ),
-    ]  # fmt: skip
-    url = f"http://127.0.0.1:{args.port}"
-    wait_until_ready(url)
-    deadline = time.monotonic() + 120
-    while b" ready." not in (tmp / "worker.log").read_bytes():
-        if time.monotonic() > deadline or procs[0].poll() is not None:
-            raise RuntimeError("worker did not come up:\n" + (tmp / "worker.log").read_text()[-3000:])
-        time.sleep(0.2)
-
-    def stop():
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        from api.store.db import dispose_all
-        from api.store.queue import purge_prefix
-
-        dispose_all()
-        purge_prefix(settings)
-        for fn in reversed(stops):
-            try:
-                fn()
-            except Exception as exc:  # noqa: BLE001
-                print(f"(cleanup: {exc})", file=sys.stderr)
-
-    return url, settings, stop
-
-
 def make_keys(settings, tenants: list[str]) -> dict[str, str]:
     from api.store.keys import create_key
 
@@ -261,7 +187,19 @@ def main() -> None:
 
             url, settings = args.url.rstrip("/"), Settings.from_env(database_url=args.database_url)
         else:
-            url, settings, stop = start_stack(args, tmp)
+            if args.model:
+                model_path = args.model
+            else:
+                from engine.tiny import write_tiny_model
+
+                model_path = str(write_tiny_model(tmp / "tiny", arch="qwen3"))
+            stack = start_stack(
+                tmp, MODEL, model_path, port=args.port, concurrency=args.concurrency, api_workers=args.api_workers,
+                shard_size=args.shard_size,
+                # unlimited: this measures the platform, not the per-tenant limits
+                max_active_jobs_per_tenant=0, max_queued_requests_per_tenant=0,
+            )  # fmt: skip
+            url, settings, stop = stack.url, stack.settings, stack.stop
         tenants = [f"load-{secrets.token_hex(3)}-{i:03d}" for i in range(args.tenants)]
         keys = make_keys(settings, tenants)
 

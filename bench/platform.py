@@ -19,11 +19,8 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
-import secrets
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,19 +28,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
 # This file is named like the stdlib's `platform`, which torch imports: take its directory off the path.
 HERE = Path(__file__).resolve().parent
-sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() != HERE]
+sys.path[:] = [str(HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() != HERE]
 
-from api.embedded import create_database, drop_database, servers_or_embedded  # noqa: E402
-from api.store.settings import Settings  # noqa: E402
-
-
-def spawn(cmd: list[str], log, **kwargs) -> subprocess.Popen:
-    """Start `cmd` with its output going to the file `log`."""
-    with open(log, "wb") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, **kwargs)
+from bench.stack import start_stack  # noqa: E402
 
 
 def make_requests(n: int, max_tokens: int, round_: int = 0) -> bytes:
@@ -80,17 +69,6 @@ def post_jsonl(base: str, data: bytes, model: str) -> dict:
 def get_json(base: str, path: str, method: str = "GET") -> dict:
     req = urllib.request.Request(base + path, method=method, headers=AUTH)
     return json.loads(urllib.request.urlopen(req, timeout=60).read())
-
-
-def wait_until_ready(base: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(base + "/healthz", timeout=2)
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError("API did not come up")
 
 
 def poll_latencies(port: int, job_id: str, pollers: int, per_poller: int) -> list[float]:
@@ -150,76 +128,16 @@ def main() -> None:
     llm = LLM(model=model_path)
     load_s = time.perf_counter() - t
 
-    # ---- services ----
-    admin, broker, stops = servers_or_embedded(tmp)
-    token = secrets.token_hex(4)
-    db = f"pagedbatch_bench_{token}"
-    create_database(admin, db)
-    base_admin, _, query = admin.partition("?")
-    settings = Settings(
-        database_url=base_admin.rsplit("/", 1)[0] + "/" + db + ("?" + query if query else ""),
-        broker_url=broker,
-        storage_url=str(tmp / "storage"),
-        models={"bench": model_path},
-        shard_size=args.shard_size,
-        broker_prefix=f"pbbench-{token}:",
-        queue_prefix=f"pbbench-{token}",
-        max_lines=max(args.validate_lines, args.requests),
-    )
-    from api.store.migrate import upgrade
-
-    upgrade(settings.database_url)
-    from api.store.keys import create_key
-
-    AUTH["Authorization"] = "Bearer " + create_key(settings, "bench")[0]
-    env = {**os.environ, **settings.to_env()}
-    procs = []
+    stack = start_stack(
+        tmp, "bench", model_path, port=args.port, concurrency=args.concurrency, api_workers=args.api_workers,
+        shard_size=args.shard_size, max_lines=max(args.validate_lines, args.requests),
+    )  # fmt: skip
+    base = stack.url
     rounds: list[tuple[float, float, float, float]] = []  # offline s, platform s, submit s, finalize s
     try:
-        procs.append(
-            spawn(
-                [
-                    sys.executable,
-                    "-m",
-                    "pagedbatch",
-                    "worker",
-                    "--model",
-                    f"bench={model_path}",
-                    f"--concurrency={args.concurrency}",
-                    "--loglevel=info",
-                ],
-                env=env,
-                cwd=REPO,
-                log=tmp / "worker.log",
-            )
-        )
-        procs.append(
-            spawn(
-                [
-                    sys.executable,
-                    "-m",
-                    "pagedbatch",
-                    "api",
-                    "--host",
-                    "127.0.0.1",
-                    f"--port={args.port}",
-                    f"--workers={args.api_workers}",
-                    "--threads=16",
-                ],
-                env=env,
-                cwd=REPO,
-                log=tmp / "api.log",
-            )
-        )
-        base = f"http://127.0.0.1:{args.port}"
-        wait_until_ready(base)
-        deadline = time.monotonic() + 180
-        while b" ready." not in (tmp / "worker.log").read_bytes():
-            if time.monotonic() > deadline or procs[0].poll() is not None:
-                raise RuntimeError("worker did not come up:\n" + (tmp / "worker.log").read_text()[-3000:])
-            time.sleep(0.2)
-        time.sleep(1.0)
+        from api.store.keys import create_key
 
+        AUTH["Authorization"] = "Bearer " + create_key(stack.settings, "bench")[0]
         for round_ in range(args.rounds):
             data = make_requests(args.requests, args.max_tokens, round_)
             src = tmp / f"requests-{round_}.jsonl"
@@ -259,24 +177,7 @@ def main() -> None:
         p50 = statistics.median(lat)
         p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        from api.store.db import dispose_all
-        from api.store.queue import purge_prefix
-
-        dispose_all()
-        purge_prefix(settings)
-        try:
-            drop_database(admin, db)
-        except Exception as exc:  # noqa: BLE001
-            print(f"(could not drop {db}: {exc})", file=sys.stderr)
-        for stop in stops:
-            stop()
+        stack.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
     offline_med = statistics.median(r[0] for r in rounds)
