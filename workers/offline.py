@@ -125,10 +125,7 @@ def run_offline(
 
 
 def _failed(request: ParsedRequest, code: str, message: str, started: float) -> dict:
-    return results.failed_row(
-        request.line, request.custom_id, code, message, url=request.url, model=request.model,
-        prompt_tokens=len(request.prompt_token_ids), created_at=started, finished_at=time.time(),
-    )  # fmt: skip
+    return results.request_failed_row(request, code, message, created_at=started, finished_at=time.time())
 
 
 def _progress_bar(total: int, enabled: bool):

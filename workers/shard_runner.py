@@ -139,19 +139,8 @@ def run_shard(settings: Settings, host, watcher, shard_id: str) -> str:
                 rows.append(res.cancelled_row(req, shard_id=shard_id, **times))  # never ran, or aborted
         elif future.exception() is not None:
             exc = future.exception()
-            rows.append(
-                res.failed_row(
-                    req.line,
-                    req.custom_id,
-                    ENGINE_ERROR,
-                    f"{type(exc).__name__}: {exc}",
-                    url=req.url,
-                    model=req.model,
-                    prompt_tokens=len(req.prompt_token_ids),
-                    shard_id=shard_id,
-                    **times,
-                )
-            )
+            message = f"{type(exc).__name__}: {exc}"
+            rows.append(res.request_failed_row(req, ENGINE_ERROR, message, shard_id=shard_id, **times))
         else:
             rows.append(
                 res.completed_row(req, future.result(), shard_id=shard_id, tokenizer=host.tokenizer, **times)
@@ -182,16 +171,8 @@ def fail_shard(settings: Settings, shard_id: str, error: str) -> None:
     if claim is None:
         return
     rows = [
-        res.failed_row(
-            req.line,
-            req.custom_id,
-            ENGINE_ERROR,
-            f"the shard failed: {error}",
-            url=req.url,
-            model=req.model,
-            prompt_tokens=len(req.prompt_token_ids),
-            shard_id=shard_id,
-            created_at=claim.job_created_at,
+        res.request_failed_row(
+            req, ENGINE_ERROR, f"the shard failed: {error}", shard_id=shard_id, created_at=claim.job_created_at
         )
         for req in _read_requests(settings, claim.input_key)
     ]

@@ -485,19 +485,9 @@ def stop_reason(settings: Settings, job_id: str) -> str | None:
 
 def expired_row(request, **kwargs) -> dict:
     """The row of a valid request that did not finish within its job's completion window."""
-    from api.store.results import failed_row
+    from api.store.results import request_failed_row
 
-    prompt_tokens = len(request.prompt_token_ids) if request.prompt_token_ids is not None else None
-    return failed_row(
-        request.line,
-        request.custom_id,
-        EXPIRED_CODE,
-        EXPIRED_MESSAGE,
-        url=request.url,
-        model=request.model,
-        prompt_tokens=prompt_tokens,
-        **kwargs,
-    )
+    return request_failed_row(request, EXPIRED_CODE, EXPIRED_MESSAGE, **kwargs)
 
 
 # ---- worker side: shards -------------------------------------------------------------

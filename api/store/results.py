@@ -197,13 +197,18 @@ def error_row(error: LineError, **kwargs) -> dict:
     return failed_row(error.line, error.custom_id, error.code, error.message, **kwargs)
 
 
-def cancelled_row(request: ParsedRequest, *, message: str = "the batch was cancelled", **kwargs) -> dict:
-    """The row for a valid request that never ran because its job was cancelled."""
+def request_failed_row(request: ParsedRequest, code: str, message: str, **kwargs) -> dict:
+    """`failed_row` for a valid request: its line, custom_id, url, model and prompt length."""
     prompt_tokens = len(request.prompt_token_ids) if request.prompt_token_ids is not None else None
     return failed_row(
-        request.line, request.custom_id, CANCELLED_CODE, message, status=CANCELLED,
+        request.line, request.custom_id, code, message,
         url=request.url, model=request.model, prompt_tokens=prompt_tokens, **kwargs,
     )  # fmt: skip
+
+
+def cancelled_row(request: ParsedRequest, *, message: str = "the batch was cancelled", **kwargs) -> dict:
+    """The row for a valid request that never ran because its job was cancelled."""
+    return request_failed_row(request, CANCELLED_CODE, message, status=CANCELLED, **kwargs)
 
 
 def rows_to_table(rows: Iterable[dict]) -> pa.Table:
