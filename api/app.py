@@ -8,7 +8,7 @@ from flask import Flask
 
 from api.auth import authenticate
 from api.errors import register_error_handlers
-from api.store.settings import Settings
+from store.settings import Settings
 
 
 @dataclass
@@ -24,7 +24,7 @@ def create_app(settings: Settings | None = None, *, warm: bool = True) -> Flask:
 
     settings = settings or Settings.from_env()
     if warm and settings.models:
-        from api.store.parsing import model_limits
+        from batchfile.parsing import model_limits
 
         model_limits(settings)
     app = Flask("pagedbatch")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from flask import current_app, g, request
 
 from api.errors import ApiError
-from api.store import keys
+from store import keys
 
 PUBLIC_ENDPOINTS = frozenset({"meta.healthz", "meta.openapi"})
 

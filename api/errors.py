@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Flask, jsonify
 from werkzeug.exceptions import HTTPException
 
-from api.store.lifecycle import StoreError
+from store.lifecycle import StoreError
 
 _TYPES = {
     400: "invalid_request_error",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from api.store.models import JOB_STATUSES
+from store.models import JOB_STATUSES
 
 
 def _ref(name: str) -> dict:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from api.store.lifecycle import Progress
-from api.store.models import File, Job
+from store.lifecycle import Progress
+from store.models import File, Job
 
 
 def ts(value: datetime | None) -> int | None:

@@ -6,7 +6,7 @@ every custom_id must come back exactly once across the outputs and error files.
     python -m bench.load --url http://127.0.0.1:8000 --database-url postgresql://...   # a running stack
 
 Prints one table: requests/s, p50/p99 latency per operation, 4xx/5xx counts, lost and duplicated
-requests. Targets: zero 5xx, zero lost, zero duplicated. Keys are made with api.store.keys.create_key,
+requests. Targets: zero 5xx, zero lost, zero duplicated. Keys are made with store.keys.create_key,
 so with --url the stack's database URL is needed too.
 """
 
@@ -155,7 +155,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def make_keys(settings, tenants: list[str]) -> dict[str, str]:
-    from api.store.keys import create_key
+    from store.keys import create_key
 
     return {tenant: create_key(settings, tenant, name="bench-load")[0] for tenant in tenants}
 
@@ -183,7 +183,7 @@ def main() -> None:
         if args.url:
             if not args.database_url:
                 parser.error("--url needs --database-url (API keys are made in the stack's database)")
-            from api.store.settings import Settings
+            from store.settings import Settings
 
             url, settings = args.url.rstrip("/"), Settings.from_env(database_url=args.database_url)
         else:

@@ -135,7 +135,7 @@ def main() -> None:
     base = stack.url
     rounds: list[tuple[float, float, float, float]] = []  # offline s, platform s, submit s, finalize s
     try:
-        from api.store.keys import create_key
+        from store.keys import create_key
 
         AUTH["Authorization"] = "Bearer " + create_key(stack.settings, "bench")[0]
         for round_ in range(args.rounds):

@@ -47,7 +47,7 @@ def wait_until_ready(base: str, timeout: float = 60) -> None:
 @dataclass
 class Stack:
     url: str
-    settings: object  # api.store.settings.Settings
+    settings: object  # store.settings.Settings
     stop: Callable[[], None]
 
 
@@ -56,9 +56,9 @@ def start_stack(
 ) -> Stack:
     """Start the stack serving `model_path` as `model`; `settings` override Settings fields
     (shard_size, max_lines, ...). Database, Redis keys and queues are this run's own."""
-    from api.embedded import create_database, drop_database, servers_or_embedded
-    from api.store.migrate import upgrade
-    from api.store.settings import Settings
+    from pagedbatch.embedded import create_database, drop_database, servers_or_embedded
+    from store.migrate import upgrade
+    from store.settings import Settings
 
     admin, broker, stops = servers_or_embedded(tmp)
     token = secrets.token_hex(4)
@@ -93,8 +93,8 @@ def start_stack(
 
     def stop() -> None:
         stop_processes(procs)
-        from api.store.db import dispose_all
-        from api.store.queue import purge_prefix
+        from broker.queue import purge_prefix
+        from store.db import dispose_all
 
         dispose_all()
         purge_prefix(cfg)

@@ -7,8 +7,8 @@ import os
 from alembic import context
 from sqlalchemy import create_engine
 
-from api.store.db import normalize_url
-from api.store.models import Base
+from store.db import normalize_url
+from store.models import Base
 
 config = context.config
 target_metadata = Base.metadata

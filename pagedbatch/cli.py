@@ -43,14 +43,14 @@ def _cmd_run(args) -> int:
 
 
 def _settings(args, **overrides):
-    from api.store.settings import Settings, parse_models
+    from store.settings import Settings, parse_models
 
     models = parse_models(getattr(args, "model", None)) or None
     return Settings.from_env(models=models, **overrides)
 
 
 def _cmd_migrate(args) -> int:
-    from api.store.migrate import upgrade
+    from store.migrate import upgrade
 
     settings = _settings(args)
     upgrade(settings.database_url)
@@ -91,7 +91,7 @@ def _engine_kwargs(args) -> dict:
 def _cmd_worker(args) -> int:
     import logging
 
-    from api.store.settings import parse_models
+    from store.settings import parse_models
 
     models = parse_models(args.model)
     if len(models) != 1:
@@ -152,7 +152,7 @@ def _cmd_serve(args) -> int:
     from werkzeug.serving import make_server
 
     from api.app import create_app
-    from api.store.migrate import upgrade
+    from store.migrate import upgrade
 
     home = Path(args.data_dir or os.environ.get("PAGEDBATCH_HOME", "~/.pagedbatch")).expanduser()
     home.mkdir(parents=True, exist_ok=True)
@@ -163,13 +163,13 @@ def _cmd_serve(args) -> int:
     if not os.environ.get("PAGEDBATCH_STORAGE_URL"):
         settings.storage_url = str(home / "storage")
     if not settings.database_url:
-        from api.embedded import EmbeddedPostgres
+        from pagedbatch.embedded import EmbeddedPostgres
 
         pg = EmbeddedPostgres(home / "pgdata")
         embedded.append(pg)
         settings.database_url = pg.database_url("pagedbatch")
     if not settings.broker_url:
-        from api.embedded import EmbeddedRedis
+        from pagedbatch.embedded import EmbeddedRedis
 
         redis = EmbeddedRedis(home / "redis.db")
         embedded.append(redis)
@@ -222,7 +222,7 @@ def _cmd_serve(args) -> int:
 
 def _announce_local_key(settings, home) -> str:
     """Create (first start) or reuse `serve`'s API key, saved in the data dir, and say where it is."""
-    from api.store.keys import ensure_local_key, local_key_path
+    from store.keys import ensure_local_key, local_key_path
 
     key, created = ensure_local_key(settings, home)
     where = local_key_path(home)
@@ -243,7 +243,7 @@ def _announce_local_key(settings, home) -> str:
 
 
 def _admin_settings(args):
-    from api.store.settings import Settings
+    from store.settings import Settings
 
     settings = Settings.from_env()
     if args.database_url:
@@ -258,7 +258,7 @@ def _when(value) -> str:
 
 
 def _cmd_keys_create(args) -> int:
-    from api.store.keys import create_key
+    from store.keys import create_key
 
     key, info = create_key(_admin_settings(args), args.tenant, name=args.name)
     print(f"created {info.id} for tenant {info.tenant!r}; the key is shown only this once:", file=sys.stderr)
@@ -267,7 +267,7 @@ def _cmd_keys_create(args) -> int:
 
 
 def _cmd_keys_list(args) -> int:
-    from api.store.keys import list_keys
+    from store.keys import list_keys
 
     rows = list_keys(_admin_settings(args), args.tenant)
     if args.json:
@@ -297,7 +297,7 @@ def _cmd_keys_list(args) -> int:
 
 
 def _cmd_keys_revoke(args) -> int:
-    from api.store.keys import revoke_key
+    from store.keys import revoke_key
 
     try:
         info = revoke_key(_admin_settings(args), args.key_id)
@@ -309,7 +309,7 @@ def _cmd_keys_revoke(args) -> int:
 
 
 def _cmd_tenants_set(args) -> int:
-    from api.store.keys import set_tenant_limits
+    from store.keys import set_tenant_limits
 
     row = set_tenant_limits(
         _admin_settings(args),
@@ -329,7 +329,7 @@ def _limit(value) -> str:
 
 
 def _cmd_tenants_list(args) -> int:
-    from api.store.keys import list_tenants
+    from store.keys import list_tenants
 
     for row in list_tenants(_admin_settings(args)):
         print(
@@ -351,14 +351,14 @@ def _api_key(args) -> str | None:
     if os.environ.get("PAGEDBATCH_API_KEY"):
         return os.environ["PAGEDBATCH_API_KEY"]
     if urlparse(args.url).hostname in ("127.0.0.1", "localhost", "::1"):
-        from api.store.keys import read_local_key
+        from store.keys import read_local_key
 
         return read_local_key(os.environ.get("PAGEDBATCH_HOME", "~/.pagedbatch"))
     return None
 
 
 def _client(args):
-    from api.client import Client
+    from pagedbatch.client import Client
 
     return Client(args.url, api_key=_api_key(args))
 

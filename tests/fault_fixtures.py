@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from api.store.settings import Settings
+from store.settings import Settings
 from tests.platform_fixtures import MODEL, REPO, jsonl, spawn
 
 PG_USER = "embedded_postgres"  # PostgreSQL refuses to run as root; the cluster runs as this user
@@ -133,8 +133,8 @@ class FaultHarness:
         self.tmp = Path(tempfile.mkdtemp(prefix="pagedbatch-faults-"))
         self.pg = PrivatePostgres(self.tmp)
         self.redis = PrivateRedis(self.tmp)
-        from api.embedded import create_database
         from engine.tiny import write_tiny_model
+        from pagedbatch.embedded import create_database
 
         create_database(self.pg.admin_url, "pagedbatch")
         self.model_path = str(write_tiny_model(self.tmp / "tiny-model", arch="qwen3"))
@@ -150,7 +150,7 @@ class FaultHarness:
         for field in ("max_active_jobs_per_tenant", "max_queued_requests_per_tenant"):
             if hasattr(self.settings, field):  # unlimited: limits are not what these tests are about
                 setattr(self.settings, field, 0)
-        from api.store.migrate import upgrade
+        from store.migrate import upgrade
 
         upgrade(self.settings.database_url)
         self.api_key = self._make_key()
@@ -158,7 +158,7 @@ class FaultHarness:
 
     def _make_key(self) -> str | None:
         try:
-            from api.store.keys import create_key
+            from store.keys import create_key
         except ImportError:  # no API keys in this tree
             return None
         key, _ = create_key(self.settings, self.settings.default_tenant, name="faults")
@@ -226,8 +226,8 @@ class FaultHarness:
     def shards(self, job_id: str) -> list:
         from sqlalchemy import select
 
-        from api.store.db import session_scope
-        from api.store.models import Shard
+        from store.db import session_scope
+        from store.models import Shard
 
         with session_scope(self.settings.database_url) as s:
             return list(s.scalars(select(Shard).where(Shard.job_id == job_id).order_by(Shard.index)))
@@ -268,7 +268,7 @@ class FaultHarness:
 
     def close(self) -> None:
         self.stop_workers()
-        from api.store.db import dispose_all
+        from store.db import dispose_all
 
         dispose_all()
         self.redis.stop()

@@ -24,14 +24,14 @@ from pathlib import Path
 
 import pytest
 
-from api.embedded import (
+from pagedbatch.embedded import (
     LOCAL_POSTGRES,
     LOCAL_REDIS,
     create_database,
     drop_database,
     servers_or_embedded,
 )
-from api.store.settings import Settings
+from store.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "tiny"
@@ -82,7 +82,7 @@ class Harness:
             max_active_jobs_per_tenant=0,
             max_queued_requests_per_tenant=0,
         )
-        from api.store.migrate import upgrade
+        from store.migrate import upgrade
 
         upgrade(self.settings.database_url)
         self._keys: dict[str, str] = {}
@@ -145,7 +145,7 @@ class Harness:
     def key_for(self, tenant: str) -> str:
         """An API key of `tenant`, made once per session."""
         if tenant not in self._keys:
-            from api.store.keys import create_key
+            from store.keys import create_key
 
             self._keys[tenant], _ = create_key(self.settings, tenant, name="tests")
         return self._keys[tenant]
@@ -188,13 +188,13 @@ class Harness:
         self.stop_worker()
         if self._server is not None:
             self._server.shutdown()
-        from api.store.db import dispose_all
+        from store.db import dispose_all
 
         dispose_all()
         with contextlib.suppress(Exception):
             drop_database(self.admin_url, self.db_name)
         with contextlib.suppress(Exception):
-            from api.store.queue import purge_prefix
+            from broker.queue import purge_prefix
 
             purge_prefix(self.settings)
         for stop in reversed(self._stops):

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from api.store.requests import DEFAULT_MAX_LINE_BYTES, REQUEST_ERROR_CODES
+from batchfile.requests import DEFAULT_MAX_LINE_BYTES, REQUEST_ERROR_CODES
 from tests.platform_fixtures import MODEL, chat_line, completion_line, jsonl, platform  # noqa: F401
 
 CONTEXT = 1024  # the tiny model's max_position_embeddings

@@ -7,8 +7,9 @@ import threading
 import time
 from concurrent.futures import Future
 
-from api.store import lifecycle, parsing
+from batchfile import parsing
 from engine.outputs import CompletionOutput, RequestOutput
+from store import lifecycle
 from tests.fault_fixtures import MODEL, faults, long_line  # noqa: F401
 from tests.platform_fixtures import jsonl
 from workers import shard_runner

@@ -12,8 +12,8 @@ import urllib.request
 import pytest
 from sqlalchemy import update
 
-from api.store.db import session_scope
-from api.store.models import Job, utcnow
+from store.db import session_scope
+from store.models import Job, utcnow
 from tests.fault_fixtures import MODEL, REPO, faults, free_port, long_line, spawn  # noqa: F401
 from tests.platform_fixtures import jsonl
 

@@ -4,7 +4,7 @@ runs (tiny visibility timeout), SIGTERM, and a request that makes the engine rai
 import signal
 import time
 
-from api.store.models import utcnow
+from store.models import utcnow
 from tests.fault_fixtures import faults, fresh_workers, long_line  # noqa: F401
 
 

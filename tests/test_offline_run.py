@@ -8,10 +8,10 @@ import uuid
 import pyarrow.parquet as pq
 import pytest
 
-from api.store import requests as rq
-from api.store import results as rs
+from batchfile import requests as rq
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.tiny import write_tiny_model
+from store import results as rs
 from workers.offline import run_offline
 
 CHAT, COMPLETIONS = rq.CHAT_URL, rq.COMPLETIONS_URL

@@ -5,7 +5,7 @@ import time
 
 import pyarrow.parquet as pq
 
-from api.client import Client
+from pagedbatch.client import Client
 from tests.platform_fixtures import (  # noqa: F401
     MODEL,
     chat_line,

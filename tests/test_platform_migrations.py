@@ -4,8 +4,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
 
-from api.store.db import normalize_url
-from api.store.models import Base
+from store.db import normalize_url
+from store.models import Base
 from tests.platform_fixtures import platform  # noqa: F401
 
 
@@ -23,6 +23,6 @@ def test_models_and_migrations_agree(platform):  # noqa: F811
 
 
 def test_migrate_is_idempotent(platform):  # noqa: F811
-    from api.store.migrate import upgrade
+    from store.migrate import upgrade
 
     upgrade(platform.settings.database_url)  # already at head: nothing to do, no error

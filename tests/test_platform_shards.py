@@ -5,10 +5,10 @@ from concurrent.futures import Future
 
 from sqlalchemy import update
 
-from api.store import lifecycle
-from api.store.db import session_scope
-from api.store.models import SHARD_RUNNING, Shard
 from engine.outputs import CompletionOutput, RequestOutput
+from store import lifecycle
+from store.db import session_scope
+from store.models import SHARD_RUNNING, Shard
 from tests.platform_fixtures import MODEL, chat_line, jsonl, platform  # noqa: F401
 from workers import shard_runner
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from api.store import requests as rq
+from batchfile import requests as rq
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.tiny import write_tiny_model
 

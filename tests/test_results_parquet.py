@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from api.store import requests as rq
-from api.store import results as rs
+from batchfile import requests as rq
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
+from store import results as rs
 
 T0 = 1_700_000_000.0
 

@@ -17,9 +17,9 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy import create_engine, text
 
-from api.store import ids, keys
-from api.store.db import normalize_url
 from pagedbatch.cli import _api_key, build_parser, main
+from store import ids, keys
+from store.db import normalize_url
 from tests.platform_fixtures import MODEL, REPO, chat_line, jsonl, platform  # noqa: F401
 
 PUBLIC = {"/healthz", "/openapi.json"}
@@ -189,7 +189,7 @@ def test_openapi_declares_bearer_auth(platform):  # noqa: F811
 
 
 def test_client_sends_the_key(platform):  # noqa: F811
-    from api.client import ApiError, Client
+    from pagedbatch.client import ApiError, Client
 
     url = platform.start_server()
     with pytest.raises(ApiError) as exc:
@@ -321,7 +321,7 @@ def test_queued_requests_limit(platform):  # noqa: F811
 
 
 def test_limits_from_settings_and_environment(platform, monkeypatch):  # noqa: F811
-    from api.store.settings import Settings
+    from store.settings import Settings
 
     monkeypatch.setenv("PAGEDBATCH_MAX_ACTIVE_JOBS_PER_TENANT", "7")
     monkeypatch.setenv("PAGEDBATCH_MAX_QUEUED_REQUESTS_PER_TENANT", "900")

@@ -6,8 +6,8 @@ import logging
 import threading
 from collections import defaultdict
 
-from api.store import lifecycle
-from api.store.settings import Settings
+from store import lifecycle
+from store.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from celery import Celery
 from celery.signals import worker_shutting_down
 
-from api.store.queue import celery_config
-from api.store.settings import Settings
+from broker.queue import celery_config
+from store.settings import Settings
 
 
 def _on_worker_shutting_down(**_kwargs) -> None:

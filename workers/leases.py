@@ -11,8 +11,8 @@ import logging
 import threading
 from collections.abc import Callable
 
-from api.store import lifecycle
-from api.store.settings import Settings
+from store import lifecycle
+from store.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """The offline path: an OpenAI-batch JSONL file in, one Parquet results file out, no services.
 
-`run_offline` parses the file with `api.store.requests`, feeds every valid request into one
+`run_offline` parses the file with `batchfile.requests`, feeds every valid request into one
 in-process engine through its step API (a bounded number in flight, so a large file is never all
-in the engine at once), and writes one row per line with the `api.store.results` schema, bad lines
+in the engine at once), and writes one row per line with the `store.results` schema, bad lines
 included as failed rows.
 """
 
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from api.store import results
-from api.store.requests import LineError, ModelLimits, ParsedRequest, count_lines, parse_requests
+from batchfile.requests import LineError, ModelLimits, ParsedRequest, count_lines, parse_requests
+from store import results
 
 
 @dataclass

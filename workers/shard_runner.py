@@ -18,12 +18,13 @@ import time
 
 from sqlalchemy.exc import DBAPIError
 
-from api.store import lifecycle, parsing
-from api.store import results as res
-from api.store.settings import Settings
-from api.store.storage import get_storage
-from api.store.sweeper import Recovery
+from batchfile import parsing
+from store import lifecycle
+from store import results as res
+from store.settings import Settings
+from store.storage import get_storage
 from workers import leases
+from workers.sweeper import Recovery
 
 log = logging.getLogger(__name__)
 

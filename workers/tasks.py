@@ -6,7 +6,7 @@ import logging
 
 from celery.exceptions import Reject
 
-from api.store.queue import RUN_SHARD
+from broker.queue import RUN_SHARD
 
 log = logging.getLogger(__name__)
 
@@ -17,7 +17,7 @@ _state: dict = {}  # settings, host, cancel watcher and sweeper of this worker p
 
 def configure(settings, host, watcher) -> None:
     """Called once by `pagedbatch worker` before the Celery worker starts; starts this process's sweeper."""
-    from api.store.sweeper import Sweeper
+    from workers.sweeper import Sweeper
 
     _state.update(settings=settings, host=host, watcher=watcher)
     if "sweeper" not in _state:

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from flask import Request, Response, current_app, request
 
 from api.errors import ApiError
-from api.store.settings import Settings
-from api.store.storage import get_storage
+from store.settings import Settings
+from store.storage import get_storage
 
 CHUNK = 1 << 20
 UPLOAD_CHUNK = 1 << 16  # uploads are read this much at a time, so a limit cuts them off within 64 KiB
@@ -48,8 +48,8 @@ finished_bodies = TerminalCache()
 def cached_job_body(kind: str, tenant: str, job_id: str, shape) -> dict:
     """`shape(job, progress)` for the tenant's job, read in one transaction, and served from
     `finished_bodies` once the job has finished."""
-    from api.store import lifecycle
-    from api.store.models import TERMINAL_STATUSES
+    from store import lifecycle
+    from store.models import TERMINAL_STATUSES
 
     key = (kind, settings().database_url, tenant, job_id)
     body = finished_bodies.get(key)
@@ -86,7 +86,7 @@ class _LimitedSpool(tempfile.SpooledTemporaryFile):
         self.written = self.line_breaks = 0
 
     def write(self, data) -> int:
-        from api.store.lifecycle import TooLarge
+        from store.lifecycle import TooLarge
 
         self.written += len(data)
         if self.written > self.max_bytes:

@@ -22,8 +22,8 @@ from api.routes.common import (
     upload_filename,
 )
 from api.serializers import job_object
-from api.store import lifecycle
-from api.store.models import JOB_STATUSES, TERMINAL_STATUSES
+from store import lifecycle
+from store.models import JOB_STATUSES, TERMINAL_STATUSES
 
 bp = Blueprint("jobs", __name__)
 bp.before_request(reject_nul_bytes)

@@ -7,7 +7,7 @@ from sqlalchemy import text
 
 from api.openapi import openapi_document
 from api.routes.common import settings
-from api.store.db import get_engine
+from store.db import get_engine
 
 bp = Blueprint("meta", __name__)
 

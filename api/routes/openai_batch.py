@@ -20,7 +20,7 @@ from api.routes.common import (
     upload_filename,
 )
 from api.serializers import batch_object, file_object
-from api.store import lifecycle
+from store import lifecycle
 
 bp = Blueprint("openai_batch", __name__)
 bp.before_request(reject_nul_bytes)

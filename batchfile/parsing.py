@@ -1,4 +1,4 @@
-"""Validation of a job's input for the platform, on top of `api.store.requests`.
+"""Validation of a job's input for the platform, on top of `batchfile.requests`.
 
 Each valid line is serialized as a shard-input line (prompt token ids, sampling parameters and
 identity), so workers run exactly what was validated without tokenizing again.
@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
 
-from api.store import requests as rq
-from api.store.settings import Settings
+from batchfile import requests as rq
+from store.settings import Settings
 
 
 @dataclass

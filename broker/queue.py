@@ -10,11 +10,11 @@ import threading
 
 from celery import Celery
 
-from api.store.settings import Settings
+from store.settings import Settings
 
 RUN_SHARD = "pagedbatch.run_shard"
 # How long Redis keeps a delivered, unacknowledged message before handing it to another worker. Shards are
-# protected by their leases (api.store.sweeper), so a short value only costs redeliveries that are skipped.
+# protected by their leases (workers.sweeper), so a short value only costs redeliveries that are skipped.
 VISIBILITY_TIMEOUT_S = 6 * 3600
 
 _lock = threading.Lock()

@@ -12,7 +12,7 @@ MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
 def alembic_config(database_url: str):
     from alembic.config import Config
 
-    from api.store.db import normalize_url
+    from store.db import normalize_url
 
     config = Config(str(MIGRATIONS_DIR / "alembic.ini"))
     config.set_main_option("script_location", str(MIGRATIONS_DIR))

@@ -25,9 +25,10 @@ from datetime import timedelta
 
 from sqlalchemy import exists, select, update
 
-from api.store import lifecycle
-from api.store.db import session_scope
-from api.store.models import (
+from broker.queue import enqueue_shards, queue_size
+from store import lifecycle
+from store.db import session_scope
+from store.models import (
     CANCELLING,
     FAILED,
     FINALIZING,
@@ -41,8 +42,7 @@ from api.store.models import (
     Shard,
     utcnow,
 )
-from api.store.queue import enqueue_shards, queue_size
-from api.store.settings import Settings
+from store.settings import Settings
 
 log = logging.getLogger(__name__)
 

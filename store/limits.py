@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from api.store.lifecycle import StoreError
-from api.store.models import (
+from store.lifecycle import StoreError
+from store.models import (
     ACTIVE_STATUSES,
     SHARD_QUEUED,
     SHARD_RUNNING,
@@ -24,7 +24,7 @@ from api.store.models import (
     Shard,
     Tenant,
 )
-from api.store.settings import Settings
+from store.settings import Settings
 
 
 class LimitExceeded(StoreError):

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from api.store import ids
-from api.store.db import session_scope
-from api.store.models import ApiKey, Tenant, utcnow
-from api.store.settings import Settings
+from store import ids
+from store.db import session_scope
+from store.models import ApiKey, Tenant, utcnow
+from store.settings import Settings
 
 KEY_PREFIX = "pb-"
 SHOWN_PREFIX = 10  # "pb-" and 7 characters: enough to recognise, far too few to guess from

@@ -15,9 +15,10 @@ from datetime import timedelta
 
 from sqlalchemy import bindparam, func, select, update
 
-from api.store import ids
-from api.store.db import session_scope
-from api.store.models import (
+from broker.queue import enqueue_shards
+from store import ids
+from store.db import session_scope
+from store.models import (
     CANCELLED,
     CANCELLING,
     COMPLETED,
@@ -36,9 +37,8 @@ from api.store.models import (
     Shard,
     utcnow,
 )
-from api.store.queue import enqueue_shards
-from api.store.settings import Settings
-from api.store.storage import get_storage
+from store.settings import Settings
+from store.storage import get_storage
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +97,8 @@ VALIDATION_PART = "validation"  # the part holding a job's invalid lines, one fa
 
 
 def results_store(settings: Settings):
-    """Parquet parts and merged results live under <storage>/results (see api.store.results)."""
-    from api.store.results import ResultsStore
+    """Parquet parts and merged results live under <storage>/results (see store.results)."""
+    from store.results import ResultsStore
 
     return ResultsStore(settings.storage_url.rstrip("/") + "/results")
 
@@ -202,7 +202,7 @@ def create_job(
 
     Bad lines become per-line errors; when every line is bad the job fails with those errors.
     """
-    from api.store import parsing
+    from batchfile import parsing
 
     if model is not None:
         try:
@@ -224,7 +224,7 @@ def create_job(
         expires_at=now + parse_window(completion_window),
     )
     with session_scope(settings.database_url) as s:
-        from api.store.limits import check_new_job
+        from store.limits import check_new_job
 
         check_new_job(s, settings, tenant, input_file.line_count or 0)  # 429 over the tenant's limits
         s.add(job)
@@ -275,7 +275,7 @@ def create_job(
             if buffer.items:
                 flush(buffer)
     if line_errors:
-        from api.store.results import error_row
+        from store.results import error_row
 
         results_store(settings).write_part(
             job.id, VALIDATION_PART, [error_row(e, created_at=now) for e in line_errors]
@@ -485,7 +485,7 @@ def stop_reason(settings: Settings, job_id: str) -> str | None:
 
 def expired_row(request, **kwargs) -> dict:
     """The row of a valid request that did not finish within its job's completion window."""
-    from api.store.results import request_failed_row
+    from store.results import request_failed_row
 
     return request_failed_row(request, EXPIRED_CODE, EXPIRED_MESSAGE, **kwargs)
 
@@ -702,8 +702,8 @@ def _set_counts(job: Job, counts) -> None:
 
 def _write_cancelled_part(settings, store, job_id, shard_id_, input_key, created_at, expired=False) -> None:
     """A shard stopped before it ran: one "cancelled" (or expired) row per request, so every line has a row."""
-    from api.store import parsing
-    from api.store.results import cancelled_row
+    from batchfile import parsing
+    from store.results import cancelled_row
 
     row = expired_row if expired else cancelled_row
     with get_storage(settings.storage_url).open_read(input_key) as f:

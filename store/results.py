@@ -25,7 +25,7 @@ output_token_ids   list<int32>          token ids of choice 0
 finish_reason      string               choice 0's: "stop" | "length"
 prompt_tokens      int32                prompt length in tokens
 completion_tokens  int32                generated tokens, all choices together
-error_code         string               for failed/cancelled rows (see api.store.requests codes)
+error_code         string               for failed/cancelled rows (see batchfile.requests codes)
 error_message      string               for failed/cancelled rows
 response_body      string               the full OpenAI response body as JSON (every choice)
 shard_id           string               the shard that produced the row
@@ -53,7 +53,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from api.store.requests import (
+from batchfile.requests import (
     REQUEST_ERROR_CODES,
     LineError,
     ParsedRequest,

@@ -1,1 +1,0 @@
-"""The job store: request parsing, results storage (and, from other modules, the database side)."""
