@@ -6,9 +6,10 @@
 
 from __future__ import annotations
 
-from flask import current_app, g, request
+from flask import g, request
 
 from api.errors import ApiError
+from api.platform import settings
 from store import keys
 
 PUBLIC_ENDPOINTS = frozenset({"meta.healthz", "meta.openapi"})
@@ -37,7 +38,7 @@ def authenticate() -> None:
             "(Authorization: Bearer YOUR_KEY).",
             "missing_api_key",
         )
-    tenant = keys.tenant_for_key(current_app.extensions["pagedbatch"].settings, key)
+    tenant = keys.tenant_for_key(settings(), key)
     if tenant is None:  # unknown and revoked keys answer alike
         raise Unauthorized("Incorrect API key provided.", "invalid_api_key")
     g.tenant = tenant

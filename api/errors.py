@@ -5,7 +5,8 @@ from __future__ import annotations
 from flask import Flask, jsonify
 from werkzeug.exceptions import HTTPException
 
-from store.lifecycle import StoreError
+from api.objects import Error, ErrorResponse
+from store.errors import StoreError
 
 _TYPES = {
     400: "invalid_request_error",
@@ -26,15 +27,8 @@ class ApiError(StoreError):
 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None):
-    body = {
-        "error": {
-            "message": message,
-            "type": _TYPES.get(status, "invalid_request_error"),
-            "param": param,
-            "code": code,
-        }
-    }
-    return jsonify(body), status
+    error = Error(message=message, type=_TYPES.get(status, "invalid_request_error"), param=param, code=code)
+    return jsonify(ErrorResponse(error=error).model_dump(mode="json")), status
 
 
 def register_error_handlers(app: Flask) -> None:

@@ -1,29 +1,26 @@
-"""JSON shapes: OpenAI's file and batch objects, and the native job object."""
+"""Store rows as the API's objects (api.objects): OpenAI's File and Batch, the native Job, and pages."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from store.lifecycle import Progress
+from api import objects
 from store.models import File, Job
+from store.progress import Progress
 
 
 def ts(value: datetime | None) -> int | None:
     return int(value.timestamp()) if value is not None else None
 
 
-def file_object(record: File) -> dict:
-    return {
-        "id": record.id,
-        "object": "file",
-        "bytes": record.bytes,
-        "created_at": ts(record.created_at),
-        "filename": record.filename,
-        "purpose": record.purpose,
-        "status": "processed",
-        "expires_at": None,
-        "status_details": None,
-    }
+def file_object(record: File) -> objects.File:
+    return objects.File(
+        id=record.id,
+        bytes=record.bytes,
+        created_at=ts(record.created_at),
+        filename=record.filename,
+        purpose=record.purpose,
+    )
 
 
 def _timestamps(job: Job) -> dict:
@@ -40,73 +37,77 @@ def _timestamps(job: Job) -> dict:
     }
 
 
-def _line_errors(job: Job) -> list[dict]:
+def _line_errors(job: Job) -> list[objects.LineError]:
     return [
-        {"code": e.get("code"), "message": e.get("message"), "param": e.get("param"), "line": e.get("line")}
+        objects.LineError(code=e.get("code"), message=e.get("message"), param=e.get("param"), line=e.get("line"))
         for e in (job.errors or [])
     ]
 
 
-def batch_object(job: Job, progress: Progress) -> dict:
+def batch_object(job: Job, progress: Progress) -> objects.Batch:
     """OpenAI's Batch. Lines that failed validation count as failed requests."""
     errors = _line_errors(job)
-    return {
-        "id": job.id,
-        "object": "batch",
-        "endpoint": job.endpoint or "/v1/chat/completions",
-        "model": job.model,
-        "errors": {"object": "list", "data": errors} if errors else None,
-        "input_file_id": job.input_file_id,
-        "completion_window": job.completion_window,
-        "status": job.status,
-        "output_file_id": job.output_file_id,
-        "error_file_id": job.error_file_id,
+    return objects.Batch(
+        id=job.id,
+        endpoint=job.endpoint or "/v1/chat/completions",
+        model=job.model,
+        errors=objects.BatchErrors(data=errors) if errors else None,
+        input_file_id=job.input_file_id,
+        completion_window=job.completion_window,
+        status=job.status,
+        output_file_id=job.output_file_id,
+        error_file_id=job.error_file_id,
         **_timestamps(job),
-        "request_counts": {
-            "total": job.request_total,
-            "completed": progress.completed,
-            "failed": progress.failed + job.invalid_lines,
-        },
-        "usage": {
-            "input_tokens": progress.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": progress.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": progress.prompt_tokens + progress.completion_tokens,
-        },
-        "metadata": job.job_metadata,
-    }
+        request_counts=objects.BatchRequestCounts(
+            total=job.request_total, completed=progress.completed, failed=progress.failed + job.invalid_lines
+        ),
+        usage=objects.BatchUsage(
+            input_tokens=progress.prompt_tokens,
+            output_tokens=progress.completion_tokens,
+            total_tokens=progress.prompt_tokens + progress.completion_tokens,
+        ),
+        metadata=job.job_metadata,
+    )
 
 
-def job_object(job: Job, progress: Progress) -> dict:
+def job_object(job: Job, progress: Progress) -> objects.Job:
     """The native job: status, request counts, token usage, timestamps and progress."""
     valid = job.request_total - job.invalid_lines
-    return {
-        "id": job.id,
-        "object": "job",
-        "status": job.status,
-        "model": job.model,
-        "endpoint": job.endpoint,
-        "defaults": job.defaults,
-        "metadata": job.job_metadata,
-        "input_file_id": job.input_file_id,
-        "output_file_id": job.output_file_id,
-        "error_file_id": job.error_file_id,
-        "request_counts": {
-            "total": job.request_total,
-            "valid": valid,
-            "invalid": job.invalid_lines,
-            "completed": progress.completed,
-            "failed": progress.failed,
-            "cancelled": progress.cancelled,
-        },
-        "usage": {
-            "prompt_tokens": progress.prompt_tokens,
-            "completion_tokens": progress.completion_tokens,
-            "total_tokens": progress.prompt_tokens + progress.completion_tokens,
-        },
-        "progress": round(progress.requests_done / valid, 4) if valid else 1.0,
-        "shards": job.shard_count,
-        "errors": _line_errors(job),
+    return objects.Job(
+        id=job.id,
+        status=job.status,
+        model=job.model,
+        endpoint=job.endpoint,
+        defaults=job.defaults,
+        metadata=job.job_metadata,
+        input_file_id=job.input_file_id,
+        output_file_id=job.output_file_id,
+        error_file_id=job.error_file_id,
+        request_counts=objects.JobRequestCounts(
+            total=job.request_total,
+            valid=valid,
+            invalid=job.invalid_lines,
+            completed=progress.completed,
+            failed=progress.failed,
+            cancelled=progress.cancelled,
+        ),
+        usage=objects.JobUsage(
+            prompt_tokens=progress.prompt_tokens,
+            completion_tokens=progress.completion_tokens,
+            total_tokens=progress.prompt_tokens + progress.completion_tokens,
+        ),
+        progress=round(progress.requests_done / valid, 4) if valid else 1.0,
+        shards=job.shard_count,
+        errors=_line_errors(job),
         **_timestamps(job),
-    }
+    )
+
+
+def page(list_type: type[objects.ListOf], items: list[objects.ApiObject], has_more: bool) -> objects.ListOf:
+    """One page of a list endpoint; `last_id` is the cursor for the next."""
+    return list_type(
+        data=items,
+        first_id=items[0].id if items else None,
+        last_id=items[-1].id if items else None,
+        has_more=has_more,
+    )

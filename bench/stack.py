@@ -56,8 +56,8 @@ def start_stack(
 ) -> Stack:
     """Start the stack serving `model_path` as `model`; `settings` override Settings fields
     (shard_size, max_lines, ...). Database, Redis keys and queues are this run's own."""
+    from migrations import upgrade
     from pagedbatch.embedded import create_database, drop_database, servers_or_embedded
-    from store.migrate import upgrade
     from store.settings import Settings
 
     admin, broker, stops = servers_or_embedded(tmp)

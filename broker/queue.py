@@ -9,6 +9,8 @@ import os
 import threading
 
 from celery import Celery
+from kombu import Connection
+from kombu.exceptions import ChannelError
 
 from store.settings import Settings
 
@@ -68,8 +70,6 @@ def enqueue_shards(settings: Settings, shards: list[tuple[str, str]]) -> None:
 
 def queue_size(settings: Settings, model: str) -> int:
     """Messages waiting in a model's queue (0 when the queue does not exist, e.g. after a Redis restart)."""
-    from kombu.exceptions import ChannelError
-
     app = celery_client(settings)
     with app.connection_for_write() as conn:
         try:
@@ -82,8 +82,6 @@ def purge_prefix(settings: Settings) -> int:
     """Delete every broker key under `settings.broker_prefix` (tests and benchmarks clean up with this)."""
     if not settings.broker_prefix:
         raise ValueError("refusing to purge without a broker_prefix")
-    from kombu import Connection
-
     with Connection(settings.broker_url) as conn:  # no key prefix on this client: patterns are literal
         client = conn.default_channel.client
         keys = list(client.scan_iter(match=settings.broker_prefix + "*", count=1000))

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
-from functools import cache
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from engine.model_info import context_length, read_config
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -59,11 +59,7 @@ class ModelConfig:
     @classmethod
     def load(cls, model: str | Path, max_model_len: int | None = None) -> ModelConfig:
         path = resolve_model_path(model)
-        config_file = path / "config.json"
-        if not config_file.exists():
-            raise ValueError(f"{path} has no config.json; is it a Hugging Face model directory?")
-        raw = json.loads(config_file.read_text())
-        return cls.from_dict(raw, path, max_model_len)
+        return cls.from_dict(read_config(path), path, max_model_len)
 
     @classmethod
     def from_dict(cls, raw: dict, path: Path, max_model_len: int | None = None) -> ModelConfig:
@@ -82,15 +78,6 @@ class ModelConfig:
         hidden = raw["hidden_size"]
         head_dim = raw.get("head_dim") or hidden // num_heads
         rope = _rope_settings(raw)
-        context = raw.get("max_position_embeddings", 2048)
-        # A sliding window never matters if the context is no longer than the window.
-        window = raw.get("sliding_window") if raw.get("use_sliding_window", True) else None
-        if window:
-            context = min(context, window)
-        if max_model_len is not None:
-            if max_model_len > context:
-                raise ValueError(f"max_model_len={max_model_len} exceeds the model's context {context}")
-            context = max_model_len
         eos = raw.get("eos_token_id")
         eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
         return cls(
@@ -106,7 +93,7 @@ class ModelConfig:
             rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
             rope_theta=rope.pop("rope_theta"),
             rope_scaling=rope or None,
-            max_model_len=context,
+            max_model_len=context_length(raw, max_model_len),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=arch == "qwen2" or bool(raw.get("attention_bias", False)),
             o_bias=arch in ("llama", "mistral") and bool(raw.get("attention_bias", False)),
@@ -130,13 +117,6 @@ def _rope_settings(raw: dict) -> dict:
     return {"rope_theta": theta, **({"rope_type": kind, **merged} if kind != "default" else {})}
 
 
-@cache
-def model_limits(model: str) -> tuple[int, list[int]]:
-    """(max_model_len, eos ids) of a model directory without loading any weights."""
-    cfg = ModelConfig.load(model)
-    return cfg.max_model_len, cfg.eos_token_ids
-
-
 @dataclass
 class EngineConfig:
     model: str
@@ -152,7 +132,6 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     cpu_kv_cache_gb: float = 1.0
     attention_backend: str = "auto"
-    extra: dict = field(default_factory=dict)
     # CUDA graphs for decode-only steps (see engine/cuda_graph.py).
     enforce_eager: bool = False  # never capture: every step runs eagerly, unpadded
     cuda_graph_max_batch: int | None = None  # largest captured batch; None: min(max_num_seqs, 512)

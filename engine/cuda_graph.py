@@ -1,5 +1,4 @@
-"""The CUDA fast path: host<->device transfers that never stall the stream, and decode
-steps replayed from CUDA graphs.
+"""Decode steps replayed from CUDA graphs.
 
 A decode-only step (every sequence computes one token) is padded up to the next size of a
 ladder of batch sizes. Its inputs are copied into static buffers, and the graph captured
@@ -29,26 +28,6 @@ from engine.models.llama import AttentionInputs
 log = logging.getLogger(__name__)
 
 LADDER_MAX = 512
-
-
-def to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A Python list (or CPU tensor) on `device` without waiting: staged in pinned memory
-    and copied asynchronously on CUDA."""
-    host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
-
-
-def fetch(*tensors: torch.Tensor) -> list[list]:
-    """Device tensors as Python lists, with one wait for all of them together."""
-    if all(t.device.type == "cpu" for t in tensors):
-        return [t.tolist() for t in tensors]
-    host = [t.to("cpu", non_blocking=True) for t in tensors]  # pinned, asynchronous
-    done = torch.cuda.Event()
-    done.record()
-    done.synchronize()
-    return [h.tolist() for h in host]
 
 
 def batch_size_ladder(max_batch: int) -> list[int]:

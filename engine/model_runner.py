@@ -12,7 +12,8 @@ import logging
 import torch
 
 from engine.config import EngineConfig, ModelConfig
-from engine.cuda_graph import DecodeGraphRunner, batch_size_ladder, to_device
+from engine.cuda_graph import DecodeGraphRunner, batch_size_ladder
+from engine.device import to_device
 from engine.loader import load_weights
 from engine.models.llama import AttentionInputs, LlamaForCausalLM
 from engine.ops import select_ops
@@ -49,10 +50,9 @@ class ModelRunner:
 
     @property
     def _captures_graphs(self) -> bool:
-        """On CUDA with the Triton kernels (the torch reference attention reads lengths on the
-        host, which a graph cannot), unless told to stay eager."""
+        """On CUDA with kernels that a graph can hold, unless told to stay eager."""
         cfg = self.config
-        return (self.device.type == "cuda" and self.ops.name == "triton" and not cfg.enforce_eager
+        return (self.device.type == "cuda" and self.ops.graph_capturable and not cfg.enforce_eager
                 and not cfg.static_decode_eager)
 
     def _graph_batch(self) -> int:
@@ -66,7 +66,7 @@ class ModelRunner:
         runner = DecodeGraphRunner(
             self.model, self.kv_caches, max_batch=self._graph_batch(),
             max_model_len=self.model_config.max_model_len, block_size=self.block_size,
-            device=self.device, dtype=self.dtype, attention_hints=self.ops.name == "triton",
+            device=self.device, dtype=self.dtype, attention_hints=self.ops.attention_hints,
         )
         if self._captures_graphs:
             runner.capture()
@@ -159,7 +159,7 @@ class ModelRunner:
         max_blocks = max(len(s.block_table) for s in batch.seqs)
         tables = [s.block_table + [0] * (max_blocks - len(s.block_table)) for s in batch.seqs]
         hints = {}
-        if self.ops.name == "triton":  # host-known bounds spare the kernel from assuming the worst
+        if self.ops.attention_hints:
             hints = dict(max_query_len=max(batch.num_new_tokens), max_seq_len=max(seq_lens))
         dev = self.device
         inputs = AttentionInputs(

@@ -1,8 +1,9 @@
 """The one place where the engine chooses between plain-torch and Triton kernels.
 
-Every model layer calls the functions of an `Ops` object; `select_ops(name)` returns the
-torch reference set (runs anywhere) or the Triton set (CUDA, or CPU through
-TRITON_INTERPRET=1). Both have the exact signatures of `kernels.reference`.
+Every model layer calls the functions of an `Ops` object; `select_ops(backend, device)`
+returns the torch reference set (runs anywhere) or the Triton set (CUDA, or CPU through
+TRITON_INTERPRET=1). Both take the arguments of `kernels.reference`; what a set can do
+beyond that, the engine learns from its capability flags, never from its name.
 """
 
 from __future__ import annotations
@@ -17,7 +18,12 @@ from kernels import reference
 
 @dataclass(frozen=True)
 class Ops:
-    name: str
+    name: str  # a label; the engine decides by the flags below
+    # paged_attention takes host-side hints (max_query_len, max_seq_len, an `out` buffer):
+    # bounds the host already knows spare the kernel from assuming the worst.
+    attention_hints: bool
+    # No kernel reads device memory on the host, so a whole step can be captured in a CUDA graph.
+    graph_capturable: bool
     write_kv_cache: Callable
     paged_attention: Callable
     rms_norm: Callable
@@ -28,6 +34,8 @@ class Ops:
 
 TORCH_OPS = Ops(
     name="torch",
+    attention_hints=False,
+    graph_capturable=False,  # the reference attention reads sequence lengths on the host
     write_kv_cache=reference.write_kv_cache,
     paged_attention=reference.paged_attention,
     rms_norm=reference.rms_norm,
@@ -42,6 +50,8 @@ def triton_ops() -> Ops:
 
     return Ops(
         name="triton",
+        attention_hints=True,
+        graph_capturable=True,
         write_kv_cache=t.write_kv_cache,
         paged_attention=t.paged_attention,
         rms_norm=t.rms_norm,

@@ -13,7 +13,7 @@ from itertools import chain, repeat
 
 import torch
 
-from engine.cuda_graph import fetch, to_device
+from engine.device import fetch, to_device
 from engine.sequence import Sequence
 
 

@@ -1,10 +1,11 @@
-"""Tokenizer loading, chat templates, and incremental detokenization."""
+"""Tokenizer loading, prompt encoding, and incremental detokenization."""
 
 from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
 
+from engine.chat_template import render_chat
 from engine.sequence import Sequence
 
 # Decoding starts a few tokens back so that tokenizers whose text depends on the
@@ -24,9 +25,7 @@ def encode_prompt(tokenizer, prompt: str) -> list[int]:
 
 
 def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("this model's tokenizer has no chat template; use completions instead")
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    (text,) = render_chat(tokenizer, [messages])
     return tokenizer(text, add_special_tokens=False).input_ids
 
 

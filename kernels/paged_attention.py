@@ -25,6 +25,7 @@ Two kernels share one inner loop (`_attend`, online softmax in fp32 with exp2):
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -316,41 +317,67 @@ def paged_attention(
     num_splits = max(1, min(int(num_splits), MAX_SPLITS))
     split_decodes = num_splits > 1
 
+    common = _Common(group, group_pad, block_d, head_dim, block_size, precision, q_f32, qk_scale, cache_strides)
     if not (split_decodes and max_query_len == 1):
-        block_m, block_n, warps = _block_config(
-            block_d, group_pad, decode_only, on_gpu, query.dtype == torch.float32
-        )
-        block_q = block_m // group_pad
-        grid = (num_tokens // block_q + num_seqs, num_kv_heads)
-        _query_block_kernel[grid](
-            query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
-            query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-            *cache_strides,
-            num_seqs, qk_scale,
-            GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_M=block_m,
-            BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-            SEARCH_STEPS=_search_steps(num_seqs), SKIP_DECODES=split_decodes,
-            DOT_PRECISION=precision, Q_F32=q_f32, num_warps=warps,
-        )
-
+        _launch_query_blocks(query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, common,
+                             decode_only=decode_only, on_gpu=on_gpu, skip_decodes=split_decodes)
     if split_decodes:
-        block_n = 64 if block_d <= 128 else 32
-        part_out = torch.empty((num_seqs, num_heads, num_splits, head_dim), dtype=torch.float32,
-                               device=query.device)
-        part_m = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=query.device)
-        part_l = torch.empty_like(part_m)
-        _split_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-            query, k_cache, v_cache, part_out, part_m, part_l, block_tables, seq_lens, query_start_loc,
-            query.stride(0), query.stride(1), block_tables.stride(0), *cache_strides,
-            num_heads, qk_scale,
-            GROUP=group, BLOCK_M=max(16, group_pad), BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=head_dim,
-            BLOCK_SIZE=block_size, NUM_SPLITS=num_splits, DOT_PRECISION=precision, Q_F32=q_f32,
-            num_warps=4,
-        )
-        _merge_splits_kernel[(num_seqs, num_heads)](
-            part_out, part_m, part_l, out, query_start_loc,
-            out.stride(0), out.stride(1), num_heads,
-            NUM_SPLITS=num_splits, SPLITS_PAD=_pow2(num_splits), BLOCK_D=block_d, HEAD_DIM=head_dim,
-            num_warps=4,
-        )
+        _launch_split_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, common,
+                             num_splits=num_splits)
     return out
+
+
+class _Common(NamedTuple):
+    """What every launch of one `paged_attention` call shares."""
+
+    group: int
+    group_pad: int
+    block_d: int
+    head_dim: int
+    block_size: int
+    precision: str
+    q_f32: bool
+    qk_scale: float
+    cache_strides: tuple[int, int, int]
+
+
+def _launch_query_blocks(query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, c: _Common, *,
+                         decode_only: bool, on_gpu: bool, skip_decodes: bool) -> None:
+    num_tokens, num_seqs = query.shape[0], seq_lens.shape[0]
+    block_m, block_n, warps = _block_config(c.block_d, c.group_pad, decode_only, on_gpu, query.dtype == torch.float32)
+    block_q = block_m // c.group_pad
+    grid = (num_tokens // block_q + num_seqs, k_cache.shape[2])
+    _query_block_kernel[grid](
+        query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        *c.cache_strides,
+        num_seqs, c.qk_scale,
+        GROUP=c.group, GROUP_PAD=c.group_pad, BLOCK_Q=block_q, BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_D=c.block_d, HEAD_DIM=c.head_dim, BLOCK_SIZE=c.block_size,
+        SEARCH_STEPS=_search_steps(num_seqs), SKIP_DECODES=skip_decodes,
+        DOT_PRECISION=c.precision, Q_F32=c.q_f32, num_warps=warps,
+    )
+
+
+def _launch_split_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, c: _Common, *,
+                         num_splits: int) -> None:
+    """Flash-decoding: each decode's context in `num_splits` partitions, then one merge."""
+    num_seqs, num_heads = seq_lens.shape[0], query.shape[1]
+    block_n = 64 if c.block_d <= 128 else 32
+    part_out = torch.empty((num_seqs, num_heads, num_splits, c.head_dim), dtype=torch.float32, device=query.device)
+    part_m = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=query.device)
+    part_l = torch.empty_like(part_m)
+    _split_decode_kernel[(num_seqs, k_cache.shape[2], num_splits)](
+        query, k_cache, v_cache, part_out, part_m, part_l, block_tables, seq_lens, query_start_loc,
+        query.stride(0), query.stride(1), block_tables.stride(0), *c.cache_strides,
+        num_heads, c.qk_scale,
+        GROUP=c.group, BLOCK_M=max(16, c.group_pad), BLOCK_N=block_n, BLOCK_D=c.block_d, HEAD_DIM=c.head_dim,
+        BLOCK_SIZE=c.block_size, NUM_SPLITS=num_splits, DOT_PRECISION=c.precision, Q_F32=c.q_f32,
+        num_warps=4,
+    )
+    _merge_splits_kernel[(num_seqs, num_heads)](
+        part_out, part_m, part_l, out, query_start_loc,
+        out.stride(0), out.stride(1), num_heads,
+        NUM_SPLITS=num_splits, SPLITS_PAD=_pow2(num_splits), BLOCK_D=c.block_d, HEAD_DIM=c.head_dim,
+        num_warps=4,
+    )

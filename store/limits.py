@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from store.lifecycle import StoreError
+from store.errors import StoreError
 from store.models import (
     ACTIVE_STATUSES,
     SHARD_QUEUED,

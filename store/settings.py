@@ -6,7 +6,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DEFAULT_HOME = Path(os.environ.get("PAGEDBATCH_HOME", "~/.pagedbatch")).expanduser()
+
+def home_dir() -> Path:
+    """The local data directory: $PAGEDBATCH_HOME, else ~/.pagedbatch (read at each call)."""
+    return Path(os.environ.get("PAGEDBATCH_HOME") or "~/.pagedbatch").expanduser()
 
 
 def parse_models(spec: str | list[str] | None) -> dict[str, str]:
@@ -64,7 +67,7 @@ class Settings:
         settings = cls(
             database_url=env.get("PAGEDBATCH_DATABASE_URL", ""),
             broker_url=env.get("PAGEDBATCH_BROKER_URL", ""),
-            storage_url=env.get("PAGEDBATCH_STORAGE_URL", str(DEFAULT_HOME / "storage")),
+            storage_url=env.get("PAGEDBATCH_STORAGE_URL", str(home_dir() / "storage")),
             models=parse_models(env.get("PAGEDBATCH_MODELS", "")),
             max_upload_bytes=_env_int("PAGEDBATCH_MAX_UPLOAD_BYTES", 200 * 1024 * 1024),
             max_lines=_env_int("PAGEDBATCH_MAX_LINES", 50_000),

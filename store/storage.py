@@ -1,7 +1,8 @@
-"""Blob storage for input, shard and output files: a local directory or any fsspec URL.
+"""Where the platform's files live: a local directory or any fsspec URL, and how they are written.
 
-Keys are relative paths ("jobs/<id>/input.jsonl"). Writes are atomic: a temporary object is
-written and then moved into place, so readers never see a half-written file.
+Every file is written atomically (`atomic_write`): readers see the old file or the whole new one,
+never half of one. `Storage` addresses input, shard and output files by key ("files/<id>.jsonl");
+Parquet results use the same writer through `store.results`.
 """
 
 from __future__ import annotations
@@ -15,45 +16,80 @@ from typing import IO
 import fsspec
 
 
+def url_to_fs(url: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The file system of a path or fsspec URL, and the path within it (no trailing slash)."""
+    fs, path = fsspec.core.url_to_fs(str(url), **(storage_options or {}))
+    return fs, path.rstrip("/") or "/"
+
+
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return "file" in protocols or "local" in protocols
+
+
+@contextlib.contextmanager
+def atomic_write(fs: fsspec.AbstractFileSystem, path: str) -> Iterator[IO[bytes]]:
+    """A binary file that appears at `path` only when the block finishes without an error.
+
+    It is written under a hidden temporary name next to `path` (``.<name>.<random>.tmp``). Local:
+    fsynced, then renamed over `path` (atomic) and the rename made durable. Other fsspec stores:
+    moved into place (a single PUT is atomic on object stores, so no partial object is ever visible
+    under the final name).
+    """
+    parent, name = path.rsplit("/", 1) if "/" in path else (".", path)
+    tmp = f"{parent}/.{name}.{uuid.uuid4().hex}.tmp"
+    fs.makedirs(parent, exist_ok=True)
+    local = is_local(fs)
+    try:
+        if local:
+            with open(tmp, "wb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            _fsync_dir(parent)
+        else:
+            with fs.open(tmp, "wb") as f:
+                yield f
+            fs.mv(tmp, path)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            if local:
+                os.unlink(tmp)
+            else:
+                fs.rm(tmp)
+        raise
+
+
+def _fsync_dir(path: str) -> None:
+    with contextlib.suppress(OSError):  # not every platform can open a directory
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 class Storage:
+    """Files by key under one root: uploads, shard inputs, output and error files."""
+
     def __init__(self, url: str):
         if not url:
             raise RuntimeError("no storage configured; set PAGEDBATCH_STORAGE_URL")
         self.url = url
-        self.fs, root = fsspec.core.url_to_fs(url)
+        self.fs, root = url_to_fs(url)
         self.root = root.rstrip("/")
-        self.local = "file" in (
-            self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
-        )
-        if self.local:
+        if is_local(self.fs):
             os.makedirs(self.root, exist_ok=True)
 
     def path(self, key: str) -> str:
         return f"{self.root}/{key}"
 
-    def url_for(self, key: str) -> str:
-        """The key as a URL that fsspec (and pyarrow) can open from any process."""
-        return self.path(key) if self.local else self.fs.unstrip_protocol(self.path(key))
+    def open_write(self, key: str) -> contextlib.AbstractContextManager[IO[bytes]]:
+        return atomic_write(self.fs, self.path(key))
 
-    @contextlib.contextmanager
-    def open_write(self, key: str, mode: str = "wb") -> Iterator[IO]:
-        final = self.path(key)
-        tmp = f"{final}.tmp-{uuid.uuid4().hex}"
-        self.fs.makedirs(final.rsplit("/", 1)[0], exist_ok=True)
-        try:
-            with self.fs.open(tmp, mode) as f:
-                yield f
-            self.fs.mv(tmp, final)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                self.fs.rm(tmp)
-            raise
-
-    def open_read(self, key: str, mode: str = "rb") -> IO:
-        return self.fs.open(self.path(key), mode)
-
-    def exists(self, key: str) -> bool:
-        return self.fs.exists(self.path(key))
+    def open_read(self, key: str) -> IO[bytes]:
+        return self.fs.open(self.path(key), "rb")
 
     def size(self, key: str) -> int:
         return int(self.fs.size(self.path(key)))

@@ -1,4 +1,7 @@
-"""Shared test setup.
+"""Shared test setup: fixtures for every module, the plugins that hold the platform's, and markers.
+
+Markers (declared in pyproject.toml): `slow` and `gpu` are set by hand; `platform` and `faults`
+follow from the fixtures a test uses, so they cannot drift. Tests marked `gpu` skip without CUDA.
 
 Triton kernels run through Triton's interpreter on CPU tensors when there is no GPU;
 the variable must be set before triton is first imported, hence here at the top.
@@ -14,13 +17,15 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
+from engine.tiny import write_tiny_model  # noqa: E402
+
+pytest_plugins = ["tests.platform_fixtures", "tests.fault_fixtures"]
+
 # Property tests explore new inputs on every local run; CI replays a fixed set so that main stays green
 # and a failure found there reproduces.
 settings.register_profile("ci", derandomize=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
-
-from engine.tiny import write_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -47,7 +52,14 @@ def tiny_model(tmp_path_factory):
     return make
 
 
-def assert_pool_free(engine) -> None:
-    """No leaked block and nothing left running."""
-    assert not engine.has_unfinished_requests()
-    assert engine.num_free_blocks() == engine.block_manager.num_blocks
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items):
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        if "faults" in fixtures:  # private PostgreSQL and Redis that the test restarts, workers it kills
+            item.add_marker(pytest.mark.faults)
+        if "platform" in fixtures or "faults" in fixtures:  # PostgreSQL and Redis, maybe a worker
+            item.add_marker(pytest.mark.platform)
+        if item.get_closest_marker("gpu") and not torch.cuda.is_available():
+            item.add_marker(no_gpu)

@@ -17,21 +17,16 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from store.settings import Settings
-from tests.platform_fixtures import MODEL, REPO, jsonl, spawn
+from tests.helpers import MODEL, REPO, free_port, jsonl, spawn
 
 PG_USER = "embedded_postgres"  # PostgreSQL refuses to run as root; the cluster runs as this user
 RECOVERY_ENV = {"PAGEDBATCH_LEASE_S": "2", "PAGEDBATCH_SWEEP_S": "0.5", "PAGEDBATCH_REQUEUE_S": "2"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class PrivateRedis:
@@ -146,37 +141,35 @@ class FaultHarness:
             shard_size=4,
             queue_prefix="faults",
             cancel_poll_s=0.1,
+            # unlimited: limits are not what these tests are about
+            max_active_jobs_per_tenant=0,
+            max_queued_requests_per_tenant=0,
         )
-        for field in ("max_active_jobs_per_tenant", "max_queued_requests_per_tenant"):
-            if hasattr(self.settings, field):  # unlimited: limits are not what these tests are about
-                setattr(self.settings, field, 0)
-        from store.migrate import upgrade
+        from migrations import upgrade
+        from store.keys import create_key
 
         upgrade(self.settings.database_url)
-        self.api_key = self._make_key()
+        self.api_key, _ = create_key(self.settings, self.settings.default_tenant, name="faults")
         self.workers: list[Worker] = []
-
-    def _make_key(self) -> str | None:
-        try:
-            from store.keys import create_key
-        except ImportError:  # no API keys in this tree
-            return None
-        key, _ = create_key(self.settings, self.settings.default_tenant, name="faults")
-        return key
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return {"Authorization": f"Bearer {self.api_key}"}
 
     def env(self, **extra: str) -> dict[str, str]:
         return {**os.environ, **self.settings.to_env(), **RECOVERY_ENV, "PYTHONUNBUFFERED": "1", **extra}
 
     # ---- workers ----------------------------------------------------------------------------
 
-    def start_worker(self, concurrency: int = 2, timeout: float = 120, **env: str) -> Worker:
+    def start_worker(
+        self, concurrency: int = 2, timeout: float = 120, engine_factory: str | None = None, **env: str
+    ) -> Worker:
+        """A worker process; `engine_factory` (e.g. "tests.doubles:slow_engine") and `env` configure it."""
         log = self.tmp / f"worker-{len(self.workers)}.log"
         cmd = [sys.executable, "-m", "pagedbatch", "worker", "--model", f"{MODEL}={self.model_path}"]
         cmd += [f"--concurrency={concurrency}", "--loglevel=info", "--device=cpu"]
+        if engine_factory:
+            cmd.append(f"--engine-factory={engine_factory}")
         worker = Worker(spawn(cmd, log, cwd=REPO, env=self.env(**env)), log)
         self.workers.append(worker)
         deadline = time.monotonic() + timeout
@@ -281,32 +274,11 @@ def _lines(response) -> list[dict]:
     return [json.loads(line) for line in response.get_data(as_text=True).splitlines() if line.strip()]
 
 
-def long_line(custom_id: str, content: str = "tell me a story", max_tokens: int = 48) -> dict:
-    """A chat request that runs for `max_tokens` steps (EOS ignored), so a shard takes a while."""
-    return {
-        "custom_id": custom_id,
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {
-            "model": MODEL,
-            "messages": [{"role": "user", "content": content}],
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "ignore_eos": True,
-        },
-    }
-
-
-_harness: FaultHarness | None = None
-
-
 @pytest.fixture(scope="session")
-def faults(request) -> FaultHarness:
-    global _harness
-    if _harness is None:
-        _harness = FaultHarness()
-        request.config.add_cleanup(_harness.close)
-    return _harness
+def faults() -> Iterator[FaultHarness]:
+    harness = FaultHarness()
+    yield harness
+    harness.close()
 
 
 @pytest.fixture

@@ -4,8 +4,7 @@ PostgreSQL and Redis are the running services when they answer (URLs from PAGEDB
 and PAGEDBATCH_TEST_REDIS_URL, defaulting to 127.0.0.1), else embedded ones started here. Each test
 session gets its own database (created and dropped) and its own Redis key prefix and queue names.
 
-Test modules import the fixtures: `from tests.platform_fixtures import platform, client  # noqa: F401`.
-The harness is built once per process however many modules import it.
+conftest.py registers these fixtures for every test module (`pytest_plugins`).
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,16 +32,9 @@ from pagedbatch.embedded import (
     servers_or_embedded,
 )
 from store.settings import Settings
+from tests.helpers import MODEL, REPO, spawn
 
-REPO = Path(__file__).resolve().parents[1]
-MODEL = "tiny"
 OTHER_TENANT = "other"
-
-
-def spawn(cmd: list[str], log, **kwargs) -> subprocess.Popen:
-    """Start `cmd` with its output going to the file `log`."""
-    with open(log, "wb") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, **kwargs)
 
 
 def _services(tmp: Path):
@@ -82,7 +75,7 @@ class Harness:
             max_active_jobs_per_tenant=0,
             max_queued_requests_per_tenant=0,
         )
-        from store.migrate import upgrade
+        from migrations import upgrade
 
         upgrade(self.settings.database_url)
         self._keys: dict[str, str] = {}
@@ -203,16 +196,11 @@ class Harness:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-_harness: Harness | None = None
-
-
 @pytest.fixture(scope="session")
-def platform(request) -> Harness:
-    global _harness
-    if _harness is None:
-        _harness = Harness()
-        request.config.add_cleanup(_harness.close)
-    return _harness
+def platform() -> Iterator[Harness]:
+    harness = Harness()
+    yield harness
+    harness.close()
 
 
 @pytest.fixture
@@ -231,43 +219,3 @@ def worker(platform) -> Harness:
 def live_url(platform) -> str:
     return platform.start_server()
 
-
-def chat_line(custom_id: str, content: str, max_tokens: int = 4, **body) -> dict:
-    return {
-        "custom_id": custom_id,
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {
-            "model": MODEL,
-            "messages": [{"role": "user", "content": content}],
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            **body,
-        },
-    }
-
-
-def completion_line(custom_id: str, prompt: str, max_tokens: int = 4, **body) -> dict:
-    return {
-        "custom_id": custom_id,
-        "method": "POST",
-        "url": "/v1/completions",
-        "body": {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **body},
-    }
-
-
-def jsonl(lines) -> bytes:
-    import json
-
-    return "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines).encode()
-
-
-def wait_for(get, statuses=("completed", "failed", "cancelled", "expired"), timeout: float = 120, poll=0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        obj = get()
-        if obj["status"] in statuses:
-            return obj
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"still {obj['status']} after {timeout}s: {obj}")
-        time.sleep(poll)

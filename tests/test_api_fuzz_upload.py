@@ -10,8 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchfile.requests import DEFAULT_MAX_LINE_BYTES, REQUEST_ERROR_CODES
-from tests.platform_fixtures import MODEL, chat_line, completion_line, jsonl, platform  # noqa: F401
+from batchfile.errors import REQUEST_ERROR_CODES
+from batchfile.lines import DEFAULT_MAX_LINE_BYTES
+from tests.helpers import MODEL, chat_line, completion_line, jsonl
+
+pytestmark = pytest.mark.slow  # hundreds of generated uploads
 
 CONTEXT = 1024  # the tiny model's max_position_embeddings
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
@@ -25,7 +28,7 @@ json_values = st.recursive(
 
 
 @pytest.fixture(scope="module")
-def api(platform):  # noqa: F811
+def api(platform):
     return platform.app().test_client()
 
 

@@ -2,16 +2,16 @@
 
 import json
 
-from tests.platform_fixtures import MODEL, chat_line, client, completion_line, jsonl, platform  # noqa: F401
+from tests.helpers import MODEL, chat_line, completion_line, jsonl
 
 
-def _create(client, body: bytes, model=MODEL, **fields):  # noqa: F811
+def _create(client, body: bytes, model=MODEL, **fields):
     data = {"file": (__import__("io").BytesIO(body), "in.jsonl"), "model": model}
     data.update({k: json.dumps(v) for k, v in fields.items()})
     return client.post("/v1/jobs", data=data, content_type="multipart/form-data")
 
 
-def test_create_job_multipart_and_raw(client):  # noqa: F811
+def test_create_job_multipart_and_raw(client):
     body = jsonl([chat_line(f"c{i}", f"hello {i}") for i in range(20)])
     r = _create(client, body, metadata={"team": "a"}, defaults={"max_tokens": 3})
     assert r.status_code == 201, r.get_json()
@@ -36,7 +36,7 @@ def test_create_job_multipart_and_raw(client):  # noqa: F811
     assert client.get(f"/v1/jobs/{job['id']}").get_json()["id"] == job["id"]
 
 
-def test_bad_lines_become_errors_with_line_numbers(client):  # noqa: F811
+def test_bad_lines_become_errors_with_line_numbers(client):
     lines = [
         chat_line("ok-1", "hi"),
         "{not json",
@@ -70,13 +70,13 @@ def test_bad_lines_become_errors_with_line_numbers(client):  # noqa: F811
     assert all(e["response"]["status_code"] == 400 for e in errors)
 
 
-def test_unknown_model_in_openai_lines(client):  # noqa: F811
+def test_unknown_model_in_openai_lines(client):
     # the native API's model serves every line; an unknown job model is a 400 for the whole request
     r = _create(client, jsonl([chat_line("a", "x")]), model="no-such-model")
     assert r.status_code == 400 and r.get_json()["error"]["param"] == "model"
 
 
-def test_all_lines_bad_fails_the_job(client):  # noqa: F811
+def test_all_lines_bad_fails_the_job(client):
     r = _create(client, b'{"a": 1}\nnope\n\n[1]\n')
     assert r.status_code == 201
     job = r.get_json()
@@ -87,7 +87,7 @@ def test_all_lines_bad_fails_the_job(client):  # noqa: F811
     assert len(errors) == 3 and job["error_file_id"] and job["output_file_id"] is None
 
 
-def test_limits_answer_413(platform):  # noqa: F811
+def test_limits_answer_413(platform):
     small = platform.app(max_lines=5, max_upload_bytes=2000).test_client()
     six = jsonl([chat_line(f"c{i}", "x") for i in range(6)])
     r = small.post(f"/v1/jobs?model={MODEL}", data=six, content_type="application/x-ndjson")
@@ -103,7 +103,7 @@ def test_limits_answer_413(platform):  # noqa: F811
     assert r.status_code == 413
 
 
-def test_list_jobs_pagination_and_status_filter(platform):  # noqa: F811
+def test_list_jobs_pagination_and_status_filter(platform):
     fresh = platform.app(default_tenant="pager").test_client()
     ids = []
     for i in range(5):
@@ -129,7 +129,7 @@ def test_list_jobs_pagination_and_status_filter(platform):  # noqa: F811
     assert fresh.get("/v1/jobs?limit=0").status_code == 400
 
 
-def test_tenants_are_isolated(platform):  # noqa: F811
+def test_tenants_are_isolated(platform):
     mine = platform.app(default_tenant="t1").test_client()
     theirs = platform.app(default_tenant="t2").test_client()
     job = mine.post(f"/v1/jobs?model={MODEL}", data=b"bad\n", content_type="application/x-ndjson").get_json()
@@ -139,7 +139,7 @@ def test_tenants_are_isolated(platform):  # noqa: F811
     assert mine.get(f"/v1/files/{job['input_file_id']}").status_code == 200
 
 
-def test_errors_are_openai_shaped(client):  # noqa: F811
+def test_errors_are_openai_shaped(client):
     r = client.get("/v1/jobs/batch_doesnotexist")
     assert r.status_code == 404
     assert set(r.get_json()["error"]) == {"message", "type", "param", "code"}

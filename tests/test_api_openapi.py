@@ -2,10 +2,8 @@
 
 import re
 
-from tests.platform_fixtures import client, platform  # noqa: F401
 
-
-def test_openapi_matches_routes(client):  # noqa: F811
+def test_openapi_matches_routes(client):
     spec = client.get("/openapi.json").get_json()
     assert spec["openapi"].startswith("3.")
     documented = {(path, method.upper()) for path, ops in spec["paths"].items() for method in ops}
@@ -20,7 +18,7 @@ def test_openapi_matches_routes(client):  # noqa: F811
     assert documented == served
 
 
-def test_openapi_path_parameters_are_declared(client):  # noqa: F811
+def test_openapi_path_parameters_are_declared(client):
     spec = client.get("/openapi.json").get_json()
     for path, ops in spec["paths"].items():
         names = set(re.findall(r"{([^}]+)}", path))
@@ -30,7 +28,7 @@ def test_openapi_path_parameters_are_declared(client):  # noqa: F811
             assert op["responses"], path
 
 
-def test_openapi_refs_resolve(client):  # noqa: F811
+def test_openapi_refs_resolve(client):
     spec = client.get("/openapi.json").get_json()
     refs = set(re.findall(r'"\$ref": "#/components/schemas/([^"]+)"', str(spec).replace("'", '"')))
     assert refs and refs <= set(spec["components"]["schemas"])

@@ -14,7 +14,8 @@ from schemathesis.checks import (
 )
 
 from api.openapi import openapi_document
-from tests.platform_fixtures import platform  # noqa: F401
+
+pytestmark = pytest.mark.slow  # hundreds of generated requests
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 MAX_EXAMPLES = {GenerationMode.POSITIVE: 40, GenerationMode.NEGATIVE: 20}
@@ -46,13 +47,13 @@ def harness_auth_headers(harness) -> dict:
 
 
 @pytest.fixture(scope="module")
-def api_schema(platform):  # noqa: F811
+def api_schema(platform):
     """The document as the app serves it, bound to the app (requests go through WSGI)."""
     return schemathesis.openapi.from_wsgi("/openapi.json", platform.app())
 
 
 @pytest.mark.parametrize("label, mode", CASES)
-def test_operation_conforms_to_the_document(api_schema, platform, label, mode):  # noqa: F811
+def test_operation_conforms_to_the_document(api_schema, platform, label, mode):
     operation = api_schema.find_operation_by_label(label)
     assert operation is not None, f"{label} is in openapi_document() but not in the served /openapi.json"
     headers = harness_auth_headers(platform)

@@ -12,7 +12,7 @@ import tracemalloc
 import pytest
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
-from tests.platform_fixtures import MODEL, platform  # noqa: F401
+from tests.helpers import MODEL
 
 LIMIT = 1 << 20  # max_upload_bytes in these tests
 SLACK = 1 << 17  # how far past a limit the server may read: a read chunk or two of multipart framing
@@ -79,7 +79,7 @@ def _post(app, path: str, content_type: str, body: CountingBody, headers: dict, 
 
 
 @pytest.fixture(scope="module")
-def limited(platform):  # noqa: F811
+def limited(platform):
     return platform.app(max_upload_bytes=LIMIT, max_lines=10**9), platform.auth()
 
 
@@ -112,7 +112,7 @@ def test_a_declared_length_over_the_limit_is_refused_before_reading(limited, pat
 
 
 @pytest.mark.parametrize("path, content_type", UPLOADS)
-def test_lines_over_the_limit_are_cut_off_while_streaming(platform, path, content_type):  # noqa: F811
+def test_lines_over_the_limit_are_cut_off_while_streaming(platform, path, content_type):
     max_lines = 2000
     app = platform.app(max_upload_bytes=100 * LIMIT, max_lines=max_lines)
     head = _multipart_head(path.split("?")[0]) if content_type.startswith("multipart") else b""

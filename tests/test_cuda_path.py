@@ -16,26 +16,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import LLM, SamplingParams, cuda_graph
+from engine import LLM, SamplingParams
+from engine import device as engine_device
 from engine.cuda_graph import batch_size_ladder
 from engine.sampler import Sampler
 from engine.sequence import Sequence
-from tests.conftest import assert_pool_free
-from tests.test_engine_vs_transformers import assert_same, make_prompts, reference
+from tests.helpers import assert_pool_free, assert_same, make_prompts, reference
 
 ON_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if ON_CUDA else "cpu"
 PADDED = {} if ON_CUDA else {"static_decode_eager": True}  # graphs on a GPU, their logic on CPU
 UNPADDED = {"enforce_eager": True} if ON_CUDA else {}
 ENGINE_DIR = str(Path(__file__).resolve().parents[1] / "engine")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def make_llm(path, **kwargs) -> LLM:
@@ -113,7 +105,7 @@ def test_batch_size_ladder():
     assert batch_size_ladder(100)[-3:] == [80, 96, 100]
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.slow)])
 def test_padded_decode_matches_the_unpadded_path(tiny_model, backend):
     """Same tokens (and logprobs) with decode steps padded through the static buffers as
     without; batches above cuda_graph_max_batch and mixed steps still run unpadded; a
@@ -204,7 +196,7 @@ def count_host_reads():
 
         return wrapper
 
-    original_fetch = cuda_graph.fetch
+    original_fetch = engine_device.fetch
 
     def fetch(*tensors):
         fetches.append(len(tensors))
@@ -212,7 +204,7 @@ def count_host_reads():
 
     for n in names:
         setattr(torch.Tensor, n, wrap(n, originals[n]))
-    patched = [(m, "fetch") for m in (cuda_graph, sys.modules["engine.sampler"])]
+    patched = [(m, "fetch") for m in (engine_device, sys.modules["engine.sampler"])]
     for module, attr in patched:
         setattr(module, attr, fetch)
     try:

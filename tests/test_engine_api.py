@@ -10,7 +10,7 @@ import pytest
 
 from engine import LLM, LLMEngine, SamplingParams
 from engine.tiny import write_tiny_model
-from tests.conftest import assert_pool_free
+from tests.helpers import assert_pool_free
 
 VOCAB = 512  # the tiny model's vocabulary
 

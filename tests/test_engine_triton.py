@@ -4,8 +4,9 @@ transformers' greedy output token for token."""
 import pytest
 
 from engine import LLM, SamplingParams
-from tests.conftest import assert_pool_free
-from tests.test_engine_vs_transformers import assert_same, make_prompts, reference
+from tests.helpers import assert_pool_free, assert_same, make_prompts, reference
+
+pytestmark = pytest.mark.slow  # whole models through the Triton interpreter on CPU
 
 
 @pytest.mark.parametrize(

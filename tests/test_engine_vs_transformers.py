@@ -1,7 +1,6 @@
 """Greedy outputs of our engine equal transformers' `generate` token for token."""
 
 import json
-import random
 
 import pytest
 import torch
@@ -9,42 +8,9 @@ from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
 from engine.config import ModelConfig
-from tests.conftest import assert_pool_free
+from tests.helpers import assert_pool_free, assert_same, make_prompts, reference
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
-_reference_cache: dict = {}
-
-
-def make_prompts(seed: int, count: int = 16, vocab: int = 512, shared_prefixes: bool = False):
-    rng = random.Random(seed)
-    prefixes = [[rng.randrange(vocab) for _ in range(n)] for n in (40, 100, 200)]
-    lengths = [1, 15, 16, 17, 300, 33] + [rng.randint(1, 300) for _ in range(count - 6)]
-    prompts = []
-    for i, n in enumerate(lengths):
-        if shared_prefixes:
-            prefix = prefixes[i % 3]
-            prompts.append(prefix + [rng.randrange(vocab) for _ in range(rng.randint(0, 60))])
-        else:
-            prompts.append([rng.randrange(vocab) for _ in range(n)])
-    max_tokens = [rng.randint(1, 40) for _ in prompts]
-    return prompts, max_tokens
-
-
-def reference(path, prompts, max_tokens):
-    """transformers greedy continuations, one prompt at a time (no padding), memoised."""
-    key = (str(path), tuple(map(tuple, prompts)), tuple(max_tokens))
-    if key not in _reference_cache:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        model.generation_config.eos_token_id = None  # our side runs with ignore_eos
-        outs = []
-        for prompt, n in zip(prompts, max_tokens):
-            ids = torch.tensor([prompt])
-            with torch.no_grad():
-                out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                                     min_new_tokens=n, do_sample=False)
-            outs.append(out[0, len(prompt):].tolist())
-        _reference_cache[key] = outs
-    return _reference_cache[key]
 
 
 def run_engine(path, prompts, max_tokens, **engine_kwargs):
@@ -53,11 +19,6 @@ def run_engine(path, prompts, max_tokens, **engine_kwargs):
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     assert_pool_free(llm.llm_engine)
     return llm, [o.outputs[0].token_ids for o in outs]
-
-
-def assert_same(ours, expected):
-    mismatched = [i for i, (a, b) in enumerate(zip(ours, expected)) if a != b]
-    assert not mismatched, f"prompts {mismatched} differ from transformers"
 
 
 @pytest.mark.parametrize("arch", ARCHS)

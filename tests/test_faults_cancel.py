@@ -7,11 +7,9 @@ import threading
 import time
 from concurrent.futures import Future
 
-from batchfile import parsing
 from engine.outputs import CompletionOutput, RequestOutput
-from store import lifecycle
-from tests.fault_fixtures import MODEL, faults, long_line  # noqa: F401
-from tests.platform_fixtures import jsonl
+from store import finalize, sharding
+from tests.helpers import MODEL, jsonl, long_line
 from workers import shard_runner
 
 
@@ -52,11 +50,11 @@ def _unserved(h):
     return dataclasses.replace(h.settings, queue_prefix="faults-unserved")  # no worker listens here
 
 
-def test_cancel_while_validating(faults, monkeypatch):  # noqa: F811
+def test_cancel_while_validating(faults, monkeypatch):
     h = faults
     settings = _unserved(h)
     gate, reached = threading.Event(), threading.Event()
-    real = parsing.validate_stream
+    real = sharding.validate_stream
 
     def slow_validation(*args, **kwargs):
         for i, item in enumerate(real(*args, **kwargs)):
@@ -65,7 +63,7 @@ def test_cancel_while_validating(faults, monkeypatch):  # noqa: F811
                 assert gate.wait(30)
             yield item
 
-    monkeypatch.setattr(parsing, "validate_stream", slow_validation)
+    monkeypatch.setattr(sharding, "validate_stream", slow_validation)
     ids = [f"val{i}" for i in range(10)]
     created = {}
 
@@ -89,7 +87,7 @@ def test_cancel_while_validating(faults, monkeypatch):  # noqa: F811
     h.assert_exactly_once(job["id"], ids)
 
 
-def test_cancel_while_queued_then_the_late_task_is_skipped(faults):  # noqa: F811
+def test_cancel_while_queued_then_the_late_task_is_skipped(faults):
     h = faults
     settings = _unserved(h)
     ids = [f"q{i}" for i in range(9)]
@@ -100,20 +98,20 @@ def test_cancel_while_queued_then_the_late_task_is_skipped(faults):  # noqa: F81
     h.assert_exactly_once(job["id"], ids)
 
 
-def test_cancel_while_finalizing_is_refused_and_the_job_completes(faults, monkeypatch):  # noqa: F811
+def test_cancel_while_finalizing_is_refused_and_the_job_completes(faults, monkeypatch):
     h = faults
     settings = _unserved(h)
     ids = [f"f{i}" for i in range(6)]
     job = h.submit([long_line(c) for c in ids], client=_client(settings, h))
     gate, reached = threading.Event(), threading.Event()
-    real = lifecycle._write_final_files
+    real = finalize._write_final_files
 
     def slow_final_files(*args, **kwargs):
         reached.set()
         assert gate.wait(30)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(lifecycle, "_write_final_files", slow_final_files)
+    monkeypatch.setattr(finalize, "_write_final_files", slow_final_files)
     shard_ids = [f"{job['id']}.{i:05d}" for i in range(job["shards"])]
     runner = threading.Thread(
         target=lambda: [shard_runner.run_shard(settings, InstantHost(), NoWatcher(), s) for s in shard_ids]

@@ -14,12 +14,13 @@ from sqlalchemy import update
 
 from store.db import session_scope
 from store.models import Job, utcnow
-from tests.fault_fixtures import MODEL, REPO, faults, free_port, long_line, spawn  # noqa: F401
-from tests.platform_fixtures import jsonl
+from tests.helpers import MODEL, REPO, free_port, jsonl, long_line, spawn
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def served(faults):  # noqa: F811
+def served(faults):
     faults.start_worker(concurrency=2)
     yield faults
     faults.stop_workers()

@@ -4,11 +4,15 @@ runs (tiny visibility timeout), SIGTERM, and a request that makes the engine rai
 import signal
 import time
 
+import pytest
+
 from store.models import utcnow
-from tests.fault_fixtures import faults, fresh_workers, long_line  # noqa: F401
+from tests.helpers import long_line
+
+pytestmark = pytest.mark.slow
 
 
-def test_sigkill_mid_shard_several_times(fresh_workers):  # noqa: F811
+def test_sigkill_mid_shard_several_times(fresh_workers):
     h = fresh_workers
     ids = [f"k{i}" for i in range(24)]
     job = h.submit([long_line(cid, max_tokens=240) for cid in ids])  # a shard runs for about a second
@@ -30,11 +34,16 @@ def test_sigkill_mid_shard_several_times(fresh_workers):  # noqa: F811
     assert max(s.attempts for s in h.shards(job["id"])) >= 2  # killed shards really ran again
 
 
-def test_redelivery_during_a_long_shard_does_not_run_it_twice(fresh_workers):  # noqa: F811
+def test_redelivery_during_a_long_shard_does_not_run_it_twice(fresh_workers):
     h = fresh_workers
     # Redis hands an unacknowledged message to another consumer after 1s; each shard runs for longer
     # (600 steps of at least 10 ms each, however fast the machine)
-    worker = h.start_worker(concurrency=3, PAGEDBATCH_VISIBILITY_TIMEOUT_S="1", PAGEDBATCH_TEST_STEP_DELAY_S="0.01")
+    worker = h.start_worker(
+        concurrency=3,
+        engine_factory="tests.doubles:slow_engine",
+        PAGEDBATCH_VISIBILITY_TIMEOUT_S="1",
+        PAGEDBATCH_TEST_STEP_DELAY_S="0.01",
+    )
     ids = [f"v{i}" for i in range(8)]
     job = h.submit([long_line(cid, max_tokens=600) for cid in ids])
     done = h.wait(job["id"], timeout=120)
@@ -44,7 +53,7 @@ def test_redelivery_during_a_long_shard_does_not_run_it_twice(fresh_workers):  #
     assert [s.attempts for s in h.shards(job["id"])] == [1, 1]
 
 
-def test_sigterm_hands_unfinished_shards_back(fresh_workers):  # noqa: F811
+def test_sigterm_hands_unfinished_shards_back(fresh_workers):
     h = fresh_workers
     first = h.start_worker()
     ids = [f"t{i}" for i in range(16)]
@@ -63,9 +72,9 @@ def test_sigterm_hands_unfinished_shards_back(fresh_workers):  # noqa: F811
     h.assert_exactly_once(done["id"], ids)
 
 
-def test_request_that_makes_the_engine_raise_fails_alone(fresh_workers):  # noqa: F811
+def test_request_that_makes_the_engine_raise_fails_alone(fresh_workers):
     h = fresh_workers
-    h.start_worker(concurrency=3, PAGEDBATCH_TEST_POISON="POISONPILL")
+    h.start_worker(concurrency=3, engine_factory="tests.doubles:poisoned_engine", PAGEDBATCH_TEST_POISON="POISONPILL")
     ids = [f"p{i}" for i in range(12)]
     lines = [long_line(cid, max_tokens=8) for cid in ids]
     lines[5] = long_line("p5", content="please POISONPILL now", max_tokens=8)

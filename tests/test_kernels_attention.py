@@ -142,7 +142,7 @@ def test_strided_query_view():
     check(batch, dtype)
 
 
-@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+@pytest.mark.gpu  # CUDA graphs
 def test_decode_replays_in_cuda_graph():
     """Decode with host-side hints only: capture once, change lengths on the device, replay."""
     dtype = torch.bfloat16
@@ -164,7 +164,7 @@ def test_decode_replays_in_cuda_graph():
     assert err < TOL[dtype]
 
 
-@pytest.mark.skipif(not CUDA, reason="large shapes only on a GPU")
+@pytest.mark.gpu  # large shapes
 @pytest.mark.parametrize("heads", [(32, 8), (16, 16)])
 def test_large_mixed_batch_gpu(heads):
     q_lens = [1] * 40 + [512, 77, 1000]

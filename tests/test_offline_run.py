@@ -8,13 +8,16 @@ import uuid
 import pyarrow.parquet as pq
 import pytest
 
-from batchfile import requests as rq
+from batchfile.errors import CONTEXT_LENGTH_EXCEEDED, DUPLICATE_CUSTOM_ID, INVALID_JSON
+from batchfile.request import CHAT_URL, COMPLETIONS_URL
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.tiny import write_tiny_model
-from store import results as rs
+from store.results.jsonl import iter_error_jsonl, iter_output_jsonl
+from store.results.parquet import count_results
+from store.results.rows import RESULT_SCHEMA
 from workers.offline import run_offline
 
-CHAT, COMPLETIONS = rq.CHAT_URL, rq.COMPLETIONS_URL
+CHAT, COMPLETIONS = CHAT_URL, COMPLETIONS_URL
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +55,7 @@ def test_run_offline_with_the_engine(model_dir, tmp_path):
     assert (summary.total, summary.completed, summary.failed, summary.cancelled) == (6, 3, 3, 0)
 
     table = pq.read_table(summary.output_path)
-    assert table.schema == rs.RESULT_SCHEMA
+    assert table.schema == RESULT_SCHEMA
     rows = table.to_pylist()
     assert [r["line"] for r in rows] == [1, 2, 3, 4, 5, 6]
     assert [r["status"] for r in rows] == [
@@ -64,7 +67,7 @@ def test_run_offline_with_the_engine(model_dir, tmp_path):
         "failed",
     ]
     assert [r["error_code"] for r in rows if r["status"] == "failed"] == [
-        rq.INVALID_JSON, rq.CONTEXT_LENGTH_EXCEEDED, rq.DUPLICATE_CUSTOM_ID
+        INVALID_JSON, CONTEXT_LENGTH_EXCEEDED, DUPLICATE_CUSTOM_ID
     ]  # fmt: skip
     chat, text, _, _, ids, _ = rows
     assert chat["model"] == "tiny-qwen3" and chat["url"] == CHAT
@@ -92,8 +95,8 @@ def test_run_offline_with_the_engine(model_dir, tmp_path):
     assert ids["output_token_ids"] == direct[1].outputs[0].token_ids
     assert ids["output_text"] == direct[1].outputs[0].text
 
-    out = [json.loads(s) for s in rs.iter_output_jsonl(summary.output_path)]
-    err = [json.loads(s) for s in rs.iter_error_jsonl(summary.output_path)]
+    out = [json.loads(s) for s in iter_output_jsonl(summary.output_path)]
+    err = [json.loads(s) for s in iter_error_jsonl(summary.output_path)]
     assert [o["custom_id"] for o in out] == ["chat", "text", "ids"]
     assert [e["response"]["status_code"] for e in err] == [400, 400, 400]
 
@@ -106,9 +109,9 @@ def test_run_offline_loads_the_engine_and_writes_to_fsspec(model_dir, tmp_path):
         defaults={"temperature": 0.0}, model_name="served",
     )  # fmt: skip
     assert (summary.completed, summary.failed) == (2, 0)
-    counts = rs.count_results(url)
+    counts = count_results(url)
     assert counts.completed == 2 and counts.completion_tokens == summary.completion_tokens
-    assert json.loads(next(rs.iter_output_jsonl(url)))["response"]["body"]["model"] == "served"
+    assert json.loads(next(iter_output_jsonl(url)))["response"]["body"]["model"] == "served"
 
 
 class _FakeEngine:

@@ -1,9 +1,9 @@
 """The command line: `pagedbatch serve` on embedded PostgreSQL and Redis, the client commands, `run`."""
 
+import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -11,21 +11,17 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from pagedbatch.cli import main
-from tests.platform_fixtures import REPO, chat_line, completion_line, jsonl, platform, spawn  # noqa: F401
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from pagedbatch.cli import build_parser, main
+from pagedbatch.engine_options import ENGINE_OPTIONS, engine_kwargs
+from pagedbatch.supervisor import worker_command
+from tests.helpers import REPO, chat_line, completion_line, free_port, jsonl, spawn
 
 
 @pytest.fixture(scope="module")
-def served(platform, tmp_path_factory):  # noqa: F811
+def served(platform, tmp_path_factory):
     """`pagedbatch serve` with no database or broker configured: everything embedded."""
     data = tmp_path_factory.mktemp("serve")
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PAGEDBATCH_")}
     env["XDG_RUNTIME_DIR"] = str(data)
     log = data / "serve.log"
@@ -62,6 +58,7 @@ def served(platform, tmp_path_factory):  # noqa: F811
         pytest.fail("pagedbatch serve did not stop on SIGTERM")
 
 
+@pytest.mark.slow
 def test_serve_and_client_commands(served, tmp_path, capsys, monkeypatch):
     served, home = served
     # no --api-key: the client commands use the key `serve` saved in its data dir (a local URL)
@@ -88,10 +85,40 @@ def test_serve_and_client_commands(served, tmp_path, capsys, monkeypatch):
     assert len(errors.read_text().splitlines()) == 1
 
 
-def test_offline_run_command(platform, tmp_path):  # noqa: F811
+def test_offline_run_command(platform, tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_bytes(jsonl([completion_line(f"o{i}", f"offline {i}") for i in range(5)] + ["nope"]))
     out = tmp_path / "offline.parquet"
     assert main(["run", str(src), "-o", str(out), "--model", platform.model_path, "-q", "--device=cpu"]) == 0
     rows = pq.read_table(out).to_pylist()
     assert [r["status"] for r in rows] == ["completed"] * 5 + ["failed"]
+
+
+def test_serve_hands_every_engine_option_to_its_workers():
+    """Whatever engine option `serve` is given, the worker it starts builds its engine with it."""
+    argv = ["serve", "--model", "tiny=/models/tiny", "--concurrency=3"]
+    expected = {}
+    for i, option in enumerate(ENGINE_OPTIONS):
+        value = f"value-{i}" if option.type is str else option.type(7 + i)  # none of them the default
+        argv.append(f"{option.flag}={value}")
+        expected[option.name] = value
+    serve_args = build_parser().parse_args(argv)
+    assert engine_kwargs(serve_args) == expected
+
+    command = worker_command("tiny", "/models/tiny", serve_args)
+    assert command[:4] == [sys.executable, "-m", "pagedbatch", "worker"]
+    worker_args = build_parser().parse_args(command[3:])
+    assert worker_args.func is not serve_args.func and worker_args.model == ["tiny=/models/tiny"]
+    assert worker_args.concurrency == 3
+    assert engine_kwargs(worker_args) == expected
+
+
+def test_engine_options_default_to_the_engines_own_defaults():
+    from engine.config import EngineConfig
+
+    defaults = {field.name: field.default for field in dataclasses.fields(EngineConfig)}
+    for option in ENGINE_OPTIONS:
+        assert defaults[option.name] == option.default, option.name
+    assert engine_kwargs(build_parser().parse_args(["worker", "--model", "tiny=/m"])) == {
+        option.name: option.default for option in ENGINE_OPTIONS if option.default is not None
+    }

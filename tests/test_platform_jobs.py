@@ -6,19 +6,10 @@ import time
 import pyarrow.parquet as pq
 
 from pagedbatch.client import Client
-from tests.platform_fixtures import (  # noqa: F401
-    MODEL,
-    chat_line,
-    completion_line,
-    jsonl,
-    live_url,
-    platform,
-    wait_for,
-    worker,
-)
+from tests.helpers import MODEL, chat_line, completion_line, jsonl, wait_for
 
 
-def test_native_job_end_to_end(live_url, worker, tmp_path):  # noqa: F811
+def test_native_job_end_to_end(live_url, worker, tmp_path):
     client = Client(live_url, api_key=worker.api_key)
     lines = [chat_line(f"n-{i}", f"question {i}") for i in range(17)]
     lines += [completion_line(f"p-{i}", f"prompt {i}") for i in range(5)]
@@ -61,7 +52,7 @@ def test_native_job_end_to_end(live_url, worker, tmp_path):  # noqa: F811
     ]
 
 
-def test_results_not_ready_is_409(live_url, worker):  # noqa: F811
+def test_results_not_ready_is_409(live_url, worker):
     import urllib.request
 
     client = Client(live_url, api_key=worker.api_key)
@@ -84,7 +75,7 @@ def test_results_not_ready_is_409(live_url, worker):  # noqa: F811
     assert status == 409 or final["completed_at"]  # it may already have finished on a fast machine
 
 
-def test_cancel_aborts_running_requests(live_url, worker, tmp_path):  # noqa: F811
+def test_cancel_aborts_running_requests(live_url, worker, tmp_path):
     client = Client(live_url, api_key=worker.api_key)
     # a first shard that finishes at once, then long generations still running when the job is cancelled
     lines = [completion_line(f"k-{i}", f"quick {i}", max_tokens=2) for i in range(8)]
@@ -117,7 +108,7 @@ def test_cancel_aborts_running_requests(live_url, worker, tmp_path):  # noqa: F8
     assert client.cancel(job["id"])["status"] == "cancelled"  # cancelling again is a no-op
 
 
-def test_worker_keeps_serving_after_cancel(live_url, worker, tmp_path):  # noqa: F811
+def test_worker_keeps_serving_after_cancel(live_url, worker, tmp_path):
     client = Client(live_url, api_key=worker.api_key)
     src = tmp_path / "after.jsonl"
     src.write_bytes(jsonl([chat_line(f"a-{i}", "after cancel") for i in range(5)]))

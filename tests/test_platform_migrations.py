@@ -6,10 +6,9 @@ from sqlalchemy import create_engine, inspect
 
 from store.db import normalize_url
 from store.models import Base
-from tests.platform_fixtures import platform  # noqa: F401
 
 
-def test_models_and_migrations_agree(platform):  # noqa: F811
+def test_models_and_migrations_agree(platform):
     engine = create_engine(normalize_url(platform.settings.database_url))
     try:
         with engine.connect() as conn:
@@ -22,7 +21,7 @@ def test_models_and_migrations_agree(platform):  # noqa: F811
     assert {"jobs", "files", "shards", "alembic_version"} <= tables
 
 
-def test_migrate_is_idempotent(platform):  # noqa: F811
-    from store.migrate import upgrade
+def test_migrate_is_idempotent(platform):
+    from migrations import upgrade
 
     upgrade(platform.settings.database_url)  # already at head: nothing to do, no error

@@ -5,26 +5,17 @@ import json
 
 import pytest
 
-from tests.platform_fixtures import (  # noqa: F401
-    MODEL,
-    chat_line,
-    completion_line,
-    jsonl,
-    live_url,
-    platform,
-    wait_for,
-    worker,
-)
+from tests.helpers import chat_line, completion_line, jsonl, wait_for
 
 openai = pytest.importorskip("openai")
 
 
 @pytest.fixture(scope="module")
-def oai(live_url, worker):  # noqa: F811
+def oai(live_url, worker):
     return openai.OpenAI(base_url=live_url + "/v1", api_key=worker.api_key, max_retries=0)
 
 
-def _offline(platform, lines, tmp_path):  # noqa: F811
+def _offline(platform, lines, tmp_path):
     """The same lines through the offline path: custom_id -> generated text."""
     import pyarrow.parquet as pq
 
@@ -37,7 +28,7 @@ def _offline(platform, lines, tmp_path):  # noqa: F811
     return {row["custom_id"]: row for row in table}
 
 
-def test_chat_batch_roundtrip_matches_offline(oai, platform, tmp_path):  # noqa: F811
+def test_chat_batch_roundtrip_matches_offline(oai, platform, tmp_path):
     lines = [chat_line(f"req-{i}", f"Tell me about number {i}", max_tokens=6) for i in range(30)]
     lines.append(chat_line("bad-1", "x", temperature="hot"))
     uploaded = oai.files.create(file=("input.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")

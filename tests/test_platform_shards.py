@@ -6,10 +6,14 @@ from concurrent.futures import Future
 from sqlalchemy import update
 
 from engine.outputs import CompletionOutput, RequestOutput
-from store import lifecycle
 from store.db import session_scope
+from store.finalize import maybe_finalize
+from store.jobs import get_job
 from store.models import SHARD_RUNNING, Shard
-from tests.platform_fixtures import MODEL, chat_line, jsonl, platform  # noqa: F401
+from store.progress import job_progress
+from store.results.parts import results_store
+from store.shards import claim_shard
+from tests.helpers import MODEL, chat_line, jsonl
 from workers import shard_runner
 
 
@@ -44,7 +48,7 @@ class FakeWatcher:
         return False
 
 
-def _job_without_worker(platform, n):  # noqa: F811
+def _job_without_worker(platform, n):
     # a queue no worker listens to: the shards are run here instead
     app = platform.app(queue_prefix="pbtest-noworker-" + platform.settings.queue_prefix)
     r = app.test_client().post(
@@ -56,7 +60,7 @@ def _job_without_worker(platform, n):  # noqa: F811
     return app.extensions["pagedbatch"].settings, r.get_json()
 
 
-def test_redelivered_shard_is_counted_once(platform):  # noqa: F811
+def test_redelivered_shard_is_counted_once(platform):
     settings, job = _job_without_worker(platform, 20)
     shard_ids = [f"{job['id']}.{i:05d}" for i in range(job["shards"])]
     host, watcher = FakeHost(), FakeWatcher()
@@ -67,39 +71,36 @@ def test_redelivered_shard_is_counted_once(platform):  # noqa: F811
     assert shard_runner.run_shard(settings, host, watcher, shard_ids[0]) == "done"
     # a redelivery of a shard marked done is skipped
     assert shard_runner.run_shard(settings, host, watcher, shard_ids[0]) == "skipped"
-    progress = lifecycle.job_progress(settings, lifecycle.get_job(settings, "default", job["id"]))
+    progress = job_progress(settings, get_job(settings, "default", job["id"]))
     assert progress.completed == 8 and progress.completion_tokens == 16
     for shard_id in shard_ids[1:]:
         shard_runner.run_shard(settings, host, watcher, shard_id)
-    final = lifecycle.get_job(settings, "default", job["id"])
+    final = get_job(settings, "default", job["id"])
     assert final.status == "completed"
     assert (final.request_completed, final.request_failed, final.completion_tokens) == (20, 0, 40)
-    assert len(lifecycle.results_store(settings).list_parts(job["id"])) == 3
+    assert len(results_store(settings).list_parts(job["id"])) == 3
     with session_scope(settings.database_url) as s:
         attempts = s.get(Shard, shard_ids[0]).attempts
     assert attempts == 2
 
 
-def test_finalize_runs_once_under_races(platform):  # noqa: F811
+def test_finalize_runs_once_under_races(platform):
     settings, job = _job_without_worker(platform, 5)
     shard_id = f"{job['id']}.00000"
-    claim = lifecycle.claim_shard(settings, shard_id, "test")
+    claim = claim_shard(settings, shard_id, "test")
     assert claim is not None and claim.attempt == 1
     shard_runner._write_part(settings, job["id"], shard_id, [])
     results = []
-    threads = [
-        threading.Thread(target=lambda: results.append(lifecycle.maybe_finalize(settings, job["id"])))
-        for _ in range(6)
-    ]
+    threads = [threading.Thread(target=lambda: results.append(maybe_finalize(settings, job["id"]))) for _ in range(6)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert results.count(True) == 1
-    assert lifecycle.get_job(settings, "default", job["id"]).status == "completed"
+    assert get_job(settings, "default", job["id"]).status == "completed"
 
 
-def test_cancel_before_any_worker_runs(platform):  # noqa: F811
+def test_cancel_before_any_worker_runs(platform):
     settings, job = _job_without_worker(platform, 12)
     client = platform.app(queue_prefix=settings.queue_prefix).test_client()
     done = client.post(f"/v1/jobs/{job['id']}/cancel").get_json()
@@ -112,7 +113,7 @@ def test_cancel_before_any_worker_runs(platform):  # noqa: F811
     assert len(errors) == 12
 
 
-def test_finished_job_cannot_be_cancelled(platform):  # noqa: F811
+def test_finished_job_cannot_be_cancelled(platform):
     settings, job = _job_without_worker(platform, 3)
     shard_runner.run_shard(settings, FakeHost(), FakeWatcher(), f"{job['id']}.00000")
     client = platform.app(queue_prefix=settings.queue_prefix).test_client()

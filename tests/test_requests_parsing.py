@@ -1,4 +1,4 @@
-"""OpenAI-batch request lines: parsing, validation, limits and the OpenAI response shapes."""
+"""OpenAI-batch request lines (batchfile): parsing, validation, limits and the OpenAI response shapes."""
 
 from __future__ import annotations
 
@@ -9,17 +9,33 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchfile import requests as rq
+from batchfile import errors
+from batchfile.errors import InputTooLarge, LineError
+from batchfile.lines import LineCount, count_lines
+from batchfile.model_limits import ModelLimits, UnknownModel, limits_by_name, limits_of
+from batchfile.parser import parse_requests
+from batchfile.request import CHAT_URL, COMPLETIONS_URL, ParsedRequest
+from batchfile.responses import (
+    batch_error_line,
+    batch_output_line,
+    chat_completion_body,
+    response_body,
+    text_completion_body,
+)
+from batchfile.sampling import DEFAULT_COMPLETIONS_MAX_TOKENS
+from engine.config import ModelConfig
+from engine.model_info import context_length
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.tiny import write_tiny_model
+from engine.tokenizer import encode_chat
 
-CHAT, COMPLETIONS = rq.CHAT_URL, rq.COMPLETIONS_URL
+CHAT, COMPLETIONS = CHAT_URL, COMPLETIONS_URL
 
 
 @pytest.fixture(scope="module")
-def limits(tmp_path_factory) -> rq.ModelLimits:
+def limits(tmp_path_factory) -> ModelLimits:
     path = write_tiny_model(tmp_path_factory.mktemp("model") / "tiny", arch="qwen3")
-    return rq.ModelLimits.from_dir(path, name="tiny")
+    return ModelLimits.from_dir(path, name="tiny")
 
 
 def line(custom_id="r1", url=CHAT, method="POST", **body) -> dict:
@@ -37,7 +53,7 @@ def jsonl(*items) -> bytes:
 
 
 def parse(limits, *items, models=None, **kwargs) -> list:
-    return list(rq.parse_requests(io.BytesIO(jsonl(*items)), models or {"tiny": limits}, **kwargs))
+    return list(parse_requests(io.BytesIO(jsonl(*items)), models or {"tiny": limits}, **kwargs))
 
 
 def one(limits, item, **kwargs):
@@ -45,9 +61,9 @@ def one(limits, item, **kwargs):
     return result
 
 
-def error(limits, item, **kwargs) -> rq.LineError:
+def error(limits, item, **kwargs) -> LineError:
     result = one(limits, item, **kwargs)
-    assert isinstance(result, rq.LineError), result
+    assert isinstance(result, LineError), result
     return result
 
 
@@ -69,7 +85,7 @@ def test_completion_prompts(limits):
     tok = limits.tokenizer
     text = one(limits, line(url=COMPLETIONS, prompt="The quick brown fox"))
     assert text.prompt_token_ids == tok("The quick brown fox").input_ids
-    assert text.sampling_params.max_tokens == rq.DEFAULT_COMPLETIONS_MAX_TOKENS
+    assert text.sampling_params.max_tokens == DEFAULT_COMPLETIONS_MAX_TOKENS
     assert one(limits, line(url=COMPLETIONS, prompt=[5, 6, 7])).prompt_token_ids == [5, 6, 7]
     assert one(limits, line(url=COMPLETIONS, prompt=["Hello"])).prompt_token_ids == tok("Hello").input_ids
     assert one(limits, line(url=COMPLETIONS, prompt=[[9, 8]])).prompt_token_ids == [9, 8]
@@ -145,7 +161,7 @@ def test_forced_model_ignores_body_model(limits):
     body = line()["body"]
     del body["model"]
     (req,) = parse(limits, {"custom_id": "x", "method": "POST", "url": CHAT, "body": body}, models=limits)
-    assert isinstance(req, rq.ParsedRequest)
+    assert isinstance(req, ParsedRequest)
 
 
 def test_blank_lines_crlf_bom_and_line_numbers(limits):
@@ -153,7 +169,7 @@ def test_blank_lines_crlf_bom_and_line_numbers(limits):
         b"\xef\xbb\xbf" + json.dumps(line("a")).encode() + b"\r\n\r\n   \n"
         + json.dumps(line("b")).encode() + b"\n\nnot json\n" + json.dumps(line("c")).encode()
     )  # fmt: skip
-    results = list(rq.parse_requests(io.BytesIO(data), {"tiny": limits}))
+    results = list(parse_requests(io.BytesIO(data), {"tiny": limits}))
     assert [r.line for r in results] == [1, 4, 6, 7]
     assert [type(r).__name__ for r in results] == [
         "ParsedRequest",
@@ -161,68 +177,68 @@ def test_blank_lines_crlf_bom_and_line_numbers(limits):
         "LineError",
         "ParsedRequest",
     ]
-    assert results[2].code == rq.INVALID_JSON
+    assert results[2].code == errors.INVALID_JSON
 
 
 # ---- errors --------------------------------------------------------------------------------------
 
 BAD_LINES = [
-    (b"\xff\xfe{}", rq.INVALID_UTF8, "UTF-8"),
-    (b'{"custom_id": "x",', rq.INVALID_JSON, "JSON"),
-    (b'{"custom_id": "x", "n": NaN}', rq.INVALID_JSON, "NaN"),
-    (b"[1, 2]", rq.INVALID_REQUEST, "object"),
-    (b'"just a string"', rq.INVALID_REQUEST, "object"),
-    ({"method": "POST", "url": CHAT, "body": {}}, rq.INVALID_CUSTOM_ID, "missing"),
-    ({**line(), "custom_id": 5}, rq.INVALID_CUSTOM_ID, "string"),
-    ({**line(), "custom_id": "  "}, rq.INVALID_CUSTOM_ID, "empty"),
-    ({**line(), "custom_id": "x" * 600}, rq.INVALID_CUSTOM_ID, "longer"),
-    (line(method="GET"), rq.INVALID_METHOD, "POST"),
-    (line(url="/v1/embeddings"), rq.INVALID_URL, "/v1/embeddings"),
-    ({**line(), "body": [1]}, rq.INVALID_REQUEST, "body"),
-    ({**line(), "body": {"messages": [{"role": "user", "content": "hi"}]}}, rq.MISSING_MODEL, "model"),
-    (line(model="gpt-5"), rq.MODEL_NOT_FOUND, "gpt-5"),
-    (line(model=7), rq.MODEL_NOT_FOUND, "7"),
-    (line(messages=[]), rq.INVALID_MESSAGES, "non-empty"),
-    (line(messages="hi"), rq.INVALID_MESSAGES, "non-empty"),
-    (line(messages=[{"role": "wizard", "content": "hi"}]), rq.INVALID_MESSAGES, "role"),
-    (line(messages=[{"role": "user"}]), rq.INVALID_MESSAGES, "content"),
-    (line(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), rq.INVALID_MESSAGES, "image_url"),
-    (line(url=COMPLETIONS, prompt=""), rq.INVALID_PROMPT, "empty"),
-    (line(url=COMPLETIONS, prompt=[]), rq.INVALID_PROMPT, "empty"),
-    (line(url=COMPLETIONS, prompt=["a", "b"]), rq.INVALID_PROMPT, "2 prompts"),
-    (line(url=COMPLETIONS, prompt=[1, 99999]), rq.INVALID_PROMPT, "99999"),
-    (line(url=COMPLETIONS, prompt=[1, True]), rq.INVALID_PROMPT, "token ids"),
-    (line(url=COMPLETIONS, prompt={"a": 1}), rq.INVALID_PROMPT, "string"),
-    (line(max_tokens="10"), rq.INVALID_PARAMETER, "max_tokens must be an integer"),
-    (line(max_tokens=True), rq.INVALID_PARAMETER, "max_tokens must be an integer"),
-    (line(max_tokens=2.5), rq.INVALID_PARAMETER, "max_tokens must be an integer"),
-    (line(max_tokens=0), rq.INVALID_PARAMETER, "max_tokens"),
-    (line(max_tokens=-3), rq.INVALID_PARAMETER, "max_tokens"),
-    (line(max_tokens=10**12), rq.CONTEXT_LENGTH_EXCEEDED, str(10**12)),
-    (line(max_tokens=5, max_completion_tokens=6), rq.INVALID_PARAMETER, "disagree"),
-    (line(temperature=-1), rq.INVALID_PARAMETER, "temperature"),
-    (line(temperature="hot"), rq.INVALID_PARAMETER, "temperature must be a number"),
-    (line(top_p=0), rq.INVALID_PARAMETER, "top_p"),
-    (line(n=0), rq.INVALID_PARAMETER, "n must be in"),
-    (line(n=10_000), rq.INVALID_PARAMETER, "n must be in"),
-    (line(stop=[""]), rq.INVALID_PARAMETER, "stop"),
-    (line(stop=5), rq.INVALID_PARAMETER, "stop"),
-    (line(seed=2**70), rq.INVALID_PARAMETER, "seed"),
-    (line(presence_penalty=3), rq.INVALID_PARAMETER, "presence_penalty"),
-    (line(min_tokens=50, max_tokens=10), rq.INVALID_PARAMETER, "min_tokens"),
-    (line(ignore_eos="yes"), rq.INVALID_PARAMETER, "true or false"),
-    (line(stop_token_ids=["a"]), rq.INVALID_PARAMETER, "stop_token_ids"),
-    (line(logprobs=3), rq.INVALID_PARAMETER, "logprobs must be true or false"),
-    (line(top_logprobs=3), rq.INVALID_PARAMETER, "requires logprobs"),
-    (line(logprobs=True, top_logprobs=50), rq.INVALID_PARAMETER, "top_logprobs"),
-    (line(url=COMPLETIONS, logprobs=True), rq.INVALID_PARAMETER, "logprobs must be an integer"),
-    (line(url=COMPLETIONS, top_logprobs=2), rq.UNSUPPORTED_PARAMETER, "top_logprobs"),
-    (line(url=COMPLETIONS, messages=[]), rq.UNSUPPORTED_PARAMETER, "messages"),
-    (line(stream=True), rq.UNSUPPORTED_PARAMETER, "stream=true"),
-    (line(tools=[{"type": "function"}]), rq.UNSUPPORTED_PARAMETER, "tools"),
-    (line(response_format={"type": "json_object"}), rq.UNSUPPORTED_PARAMETER, "response_format"),
-    (line(max_token=5), rq.UNSUPPORTED_PARAMETER, "unknown parameter 'max_token'"),
-    (line(chat_template_kwargs=[1]), rq.INVALID_PARAMETER, "chat_template_kwargs"),
+    (b"\xff\xfe{}", errors.INVALID_UTF8, "UTF-8"),
+    (b'{"custom_id": "x",', errors.INVALID_JSON, "JSON"),
+    (b'{"custom_id": "x", "n": NaN}', errors.INVALID_JSON, "NaN"),
+    (b"[1, 2]", errors.INVALID_REQUEST, "object"),
+    (b'"just a string"', errors.INVALID_REQUEST, "object"),
+    ({"method": "POST", "url": CHAT, "body": {}}, errors.INVALID_CUSTOM_ID, "missing"),
+    ({**line(), "custom_id": 5}, errors.INVALID_CUSTOM_ID, "string"),
+    ({**line(), "custom_id": "  "}, errors.INVALID_CUSTOM_ID, "empty"),
+    ({**line(), "custom_id": "x" * 600}, errors.INVALID_CUSTOM_ID, "longer"),
+    (line(method="GET"), errors.INVALID_METHOD, "POST"),
+    (line(url="/v1/embeddings"), errors.INVALID_URL, "/v1/embeddings"),
+    ({**line(), "body": [1]}, errors.INVALID_REQUEST, "body"),
+    ({**line(), "body": {"messages": [{"role": "user", "content": "hi"}]}}, errors.MISSING_MODEL, "model"),
+    (line(model="gpt-5"), errors.MODEL_NOT_FOUND, "gpt-5"),
+    (line(model=7), errors.MODEL_NOT_FOUND, "7"),
+    (line(messages=[]), errors.INVALID_MESSAGES, "non-empty"),
+    (line(messages="hi"), errors.INVALID_MESSAGES, "non-empty"),
+    (line(messages=[{"role": "wizard", "content": "hi"}]), errors.INVALID_MESSAGES, "role"),
+    (line(messages=[{"role": "user"}]), errors.INVALID_MESSAGES, "content"),
+    (line(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), errors.INVALID_MESSAGES, "image_url"),
+    (line(url=COMPLETIONS, prompt=""), errors.INVALID_PROMPT, "empty"),
+    (line(url=COMPLETIONS, prompt=[]), errors.INVALID_PROMPT, "empty"),
+    (line(url=COMPLETIONS, prompt=["a", "b"]), errors.INVALID_PROMPT, "2 prompts"),
+    (line(url=COMPLETIONS, prompt=[1, 99999]), errors.INVALID_PROMPT, "99999"),
+    (line(url=COMPLETIONS, prompt=[1, True]), errors.INVALID_PROMPT, "token ids"),
+    (line(url=COMPLETIONS, prompt={"a": 1}), errors.INVALID_PROMPT, "string"),
+    (line(max_tokens="10"), errors.INVALID_PARAMETER, "max_tokens must be an integer"),
+    (line(max_tokens=True), errors.INVALID_PARAMETER, "max_tokens must be an integer"),
+    (line(max_tokens=2.5), errors.INVALID_PARAMETER, "max_tokens must be an integer"),
+    (line(max_tokens=0), errors.INVALID_PARAMETER, "max_tokens"),
+    (line(max_tokens=-3), errors.INVALID_PARAMETER, "max_tokens"),
+    (line(max_tokens=10**12), errors.CONTEXT_LENGTH_EXCEEDED, str(10**12)),
+    (line(max_tokens=5, max_completion_tokens=6), errors.INVALID_PARAMETER, "disagree"),
+    (line(temperature=-1), errors.INVALID_PARAMETER, "temperature"),
+    (line(temperature="hot"), errors.INVALID_PARAMETER, "temperature must be a number"),
+    (line(top_p=0), errors.INVALID_PARAMETER, "top_p"),
+    (line(n=0), errors.INVALID_PARAMETER, "n must be in"),
+    (line(n=10_000), errors.INVALID_PARAMETER, "n must be in"),
+    (line(stop=[""]), errors.INVALID_PARAMETER, "stop"),
+    (line(stop=5), errors.INVALID_PARAMETER, "stop"),
+    (line(seed=2**70), errors.INVALID_PARAMETER, "seed"),
+    (line(presence_penalty=3), errors.INVALID_PARAMETER, "presence_penalty"),
+    (line(min_tokens=50, max_tokens=10), errors.INVALID_PARAMETER, "min_tokens"),
+    (line(ignore_eos="yes"), errors.INVALID_PARAMETER, "true or false"),
+    (line(stop_token_ids=["a"]), errors.INVALID_PARAMETER, "stop_token_ids"),
+    (line(logprobs=3), errors.INVALID_PARAMETER, "logprobs must be true or false"),
+    (line(top_logprobs=3), errors.INVALID_PARAMETER, "requires logprobs"),
+    (line(logprobs=True, top_logprobs=50), errors.INVALID_PARAMETER, "top_logprobs"),
+    (line(url=COMPLETIONS, logprobs=True), errors.INVALID_PARAMETER, "logprobs must be an integer"),
+    (line(url=COMPLETIONS, top_logprobs=2), errors.UNSUPPORTED_PARAMETER, "top_logprobs"),
+    (line(url=COMPLETIONS, messages=[]), errors.UNSUPPORTED_PARAMETER, "messages"),
+    (line(stream=True), errors.UNSUPPORTED_PARAMETER, "stream=true"),
+    (line(tools=[{"type": "function"}]), errors.UNSUPPORTED_PARAMETER, "tools"),
+    (line(response_format={"type": "json_object"}), errors.UNSUPPORTED_PARAMETER, "response_format"),
+    (line(max_token=5), errors.UNSUPPORTED_PARAMETER, "unknown parameter 'max_token'"),
+    (line(chat_template_kwargs=[1]), errors.INVALID_PARAMETER, "chat_template_kwargs"),
 ]
 
 
@@ -232,20 +248,20 @@ BAD_LINES = [
 def test_bad_line(limits, item, code, words):
     # a good line first, so the error's line number is 2 and custom ids known only when parsed
     results = parse(limits, line("ok"), item)
-    assert isinstance(results[0], rq.ParsedRequest)
+    assert isinstance(results[0], ParsedRequest)
     err = results[1]
-    assert isinstance(err, rq.LineError), err
+    assert isinstance(err, LineError), err
     assert (err.line, err.code) == (2, code), err
     assert words in err.message
-    if isinstance(item, dict) and isinstance(item.get("custom_id"), str) and code != rq.INVALID_CUSTOM_ID:
+    if isinstance(item, dict) and isinstance(item.get("custom_id"), str) and code != errors.INVALID_CUSTOM_ID:
         assert err.custom_id == item["custom_id"]
 
 
 def test_duplicate_custom_id_second_occurrence_is_the_error(limits):
     results = parse(limits, line("a"), line("b", method="GET"), line("a"), line("b"))
-    assert isinstance(results[0], rq.ParsedRequest)
+    assert isinstance(results[0], ParsedRequest)
     assert [(r.line, r.code) for r in results[1:]] == [
-        (2, rq.INVALID_METHOD), (3, rq.DUPLICATE_CUSTOM_ID), (4, rq.DUPLICATE_CUSTOM_ID)
+        (2, errors.INVALID_METHOD), (3, errors.DUPLICATE_CUSTOM_ID), (4, errors.DUPLICATE_CUSTOM_ID)
     ]  # fmt: skip
     assert results[2].custom_id == "a" and "'a'" in results[2].message
 
@@ -253,14 +269,14 @@ def test_duplicate_custom_id_second_occurrence_is_the_error(limits):
 def test_context_length_errors_say_the_numbers(limits):
     long_text = "Hello, world! " * 600
     err = error(limits, line(messages=[{"role": "user", "content": long_text}]))
-    assert err.code == rq.CONTEXT_LENGTH_EXCEEDED and f"{limits.max_model_len} tokens" in err.message
+    assert err.code == errors.CONTEXT_LENGTH_EXCEEDED and f"{limits.max_model_len} tokens" in err.message
     err = error(limits, line(url=COMPLETIONS, prompt=[i % 500 for i in range(1000)], max_tokens=100))
-    assert err.code == rq.CONTEXT_LENGTH_EXCEEDED
+    assert err.code == errors.CONTEXT_LENGTH_EXCEEDED
     assert "1000 tokens" in err.message and "(100)" in err.message and "1100" in err.message
     ok = one(limits, line(url=COMPLETIONS, prompt=[i % 500 for i in range(1000)], max_tokens=24))
     assert ok.sampling_params.max_tokens == 24
     err = error(limits, line(url=COMPLETIONS, prompt=[i % 500 for i in range(1020)]))  # 1020 + the default 16
-    assert err.code == rq.CONTEXT_LENGTH_EXCEEDED and "the default" in err.message
+    assert err.code == errors.CONTEXT_LENGTH_EXCEEDED and "the default" in err.message
 
 
 def test_line_too_long_is_an_error_and_parsing_goes_on(limits):
@@ -268,25 +284,25 @@ def test_line_too_long_is_an_error_and_parsing_goes_on(limits):
     results = parse(limits, line("a"), big, line("c"), max_line_bytes=1000)
     assert [type(r).__name__ for r in results] == ["ParsedRequest", "LineError", "ParsedRequest"]
     assert (
-        results[1].code == rq.LINE_TOO_LONG and results[1].line == 2 and "1,000 bytes" in results[1].message
+        results[1].code == errors.LINE_TOO_LONG and results[1].line == 2 and "1,000 bytes" in results[1].message
     )
     assert results[2].line == 3
 
 
 def test_input_limits_raise_input_too_large(limits):
     data = jsonl(*(line(f"r{i}") for i in range(10)))
-    with pytest.raises(rq.InputTooLarge) as e:
-        list(rq.parse_requests(io.BytesIO(data), {"tiny": limits}, max_lines=5))
+    with pytest.raises(InputTooLarge) as e:
+        list(parse_requests(io.BytesIO(data), {"tiny": limits}, max_lines=5))
     assert e.value.what == "lines" and e.value.limit == 5
-    with pytest.raises(rq.InputTooLarge) as e:
-        list(rq.parse_requests(io.BytesIO(data), {"tiny": limits}, max_bytes=100))
+    with pytest.raises(InputTooLarge) as e:
+        list(parse_requests(io.BytesIO(data), {"tiny": limits}, max_bytes=100))
     assert e.value.what == "bytes"
-    assert len(list(rq.parse_requests(io.BytesIO(data), {"tiny": limits}, max_lines=10))) == 10
-    assert rq.count_lines(io.BytesIO(data)) == rq.LineCount(10, len(data))
-    with pytest.raises(rq.InputTooLarge):
-        rq.count_lines(io.BytesIO(data), max_lines=9)
-    with pytest.raises(rq.InputTooLarge):
-        rq.count_lines(io.BytesIO(data), max_bytes=len(data) - 1)
+    assert len(list(parse_requests(io.BytesIO(data), {"tiny": limits}, max_lines=10))) == 10
+    assert count_lines(io.BytesIO(data)) == LineCount(10, len(data))
+    with pytest.raises(InputTooLarge):
+        count_lines(io.BytesIO(data), max_lines=9)
+    with pytest.raises(InputTooLarge):
+        count_lines(io.BytesIO(data), max_bytes=len(data) - 1)
 
 
 @given(
@@ -295,7 +311,7 @@ def test_input_limits_raise_input_too_large(limits):
 def test_count_lines_counts_non_blank_lines(pieces):
     data = b"".join(pieces)
     expected = sum(1 for piece in data.removeprefix(b"\xef\xbb\xbf").split(b"\n") if piece.strip())
-    assert rq.count_lines(io.BytesIO(data)).lines == expected
+    assert count_lines(io.BytesIO(data)).lines == expected
 
 
 class _Recording(io.BytesIO):
@@ -314,39 +330,11 @@ class _Recording(io.BytesIO):
 def test_streams_line_by_line(limits):
     data = jsonl(*(line(f"r{i}") for i in range(2000)))
     stream = _Recording(data)
-    results = rq.parse_requests(stream, {"tiny": limits}, max_line_bytes=4096)
+    results = parse_requests(stream, {"tiny": limits}, max_line_bytes=4096)
     first = next(results)
     assert first.line == 1 and stream.tell() < len(data) / 2  # results come before the end is read
     assert 0 < stream.largest <= 4096 + 2
     assert sum(1 for _ in results) == 1999
-
-
-def test_validate_mode_agrees_with_full_tokenization(limits):
-    items = [
-        line("a"), line("b", url=COMPLETIONS), line("c", max_tokens=0),
-        line("d", messages=[{"role": "user", "content": "Hello, world! " * 600}]),
-        line("e", url=COMPLETIONS, prompt="Hello world " * 150, max_tokens=500),  # needs exact count
-        line("f", url=COMPLETIONS, prompt=[1, 2, 3]), line("a"),
-    ]  # fmt: skip
-    exact = parse(limits, *items)
-    fast = parse(limits, *items, tokenize=False)
-    assert [(type(r), r.line, getattr(r, "code", None)) for r in exact] == [
-        (type(r), r.line, getattr(r, "code", None)) for r in fast
-    ]
-    assert fast[0].prompt_token_ids is None and fast[0].sampling_params.max_tokens is None
-    assert fast[4].prompt_token_ids == exact[4].prompt_token_ids  # the bound could not prove it fits
-    assert fast[5].prompt_token_ids == [1, 2, 3]
-    summary = rq.validate_file(io.BytesIO(jsonl(*items)), {"tiny": limits})
-    assert (summary.lines, summary.valid, summary.invalid) == (7, 4, 3)
-    assert summary.urls == {CHAT: 1, COMPLETIONS: 3} and summary.models == {"tiny": 4}
-    assert [e.line for e in summary.errors] == [3, 4, 7]
-
-
-def test_token_bound_is_an_upper_bound(limits):
-    for text in ["", "a", "Hello, world!", "<|im_start|>user\nhi<|im_end|>", "ÿ€😀 " * 20, "x" * 999]:
-        for special in (False, True):
-            exact = len(limits.encode([text], add_special_tokens=special)[0])
-            assert exact <= limits.token_bound(text, add_special_tokens=special)
 
 
 def test_render_chat_matches_apply_chat_template(limits):
@@ -365,26 +353,62 @@ def test_render_chat_matches_apply_chat_template(limits):
     assert limits.render_chat(conversations) == expected
 
 
-def test_max_model_len_from_config():
-    assert rq.max_model_len_from_config({"max_position_embeddings": 4096}) == 4096
-    assert rq.max_model_len_from_config({"max_position_embeddings": 4096, "sliding_window": 1024}) == 1024
+def test_engine_chat_and_parser_render_alike(limits):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello, world!"}]
+    assert one(limits, line(messages=messages)).prompt_token_ids == encode_chat(limits.tokenizer, messages)
+
+
+def test_template_kwargs_may_not_set_apply_chat_template_arguments(limits):
+    err = error(limits, line(chat_template_kwargs={"tokenize": True}))
+    assert err.code == errors.CHAT_TEMPLATE_ERROR and "tokenize" in err.message
+    ok, bad = parse(limits, line("a"), line("b", chat_template_kwargs={"chat_template": "{{ 1 }}"}))
+    assert isinstance(ok, ParsedRequest) and bad.code == errors.CHAT_TEMPLATE_ERROR
+
+
+def test_context_length_from_config():
+    assert context_length({"max_position_embeddings": 4096}) == 4096
+    assert context_length({"max_position_embeddings": 4096, "sliding_window": 1024}) == 1024
     cfg = {"max_position_embeddings": 4096, "sliding_window": 1024, "use_sliding_window": False}
-    assert rq.max_model_len_from_config(cfg) == 4096
-    assert rq.max_model_len_from_config({"max_position_embeddings": 4096, "sliding_window": None}) == 4096
-    assert rq.max_model_len_from_config({"text_config": {"max_position_embeddings": 512}}) == 512
+    assert context_length(cfg) == 4096
+    assert context_length({"max_position_embeddings": 4096, "sliding_window": None}) == 4096
+    assert context_length({"text_config": {"max_position_embeddings": 512}}) == 512
+    assert context_length({"max_position_embeddings": 4096}, max_model_len=100) == 100
+    with pytest.raises(ValueError, match="exceeds the model's context length 4096"):
+        context_length({"max_position_embeddings": 4096}, max_model_len=5000)
     with pytest.raises(ValueError):
-        rq.max_model_len_from_config({})
+        context_length({})
+
+
+def test_engine_and_validator_agree_on_the_context_length(tmp_path):
+    windowed = write_tiny_model(tmp_path / "windowed", arch="mistral", sliding_window=256)
+    assert ModelConfig.load(windowed).max_model_len == ModelLimits.from_dir(windowed).max_model_len == 256
+    missing = write_tiny_model(tmp_path / "missing", arch="llama")
+    config = json.loads((missing / "config.json").read_text())
+    del config["max_position_embeddings"]
+    (missing / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        ModelConfig.load(missing)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        ModelLimits.from_dir(missing)
+
+
+def test_configured_models_by_name(limits):
+    dirs = {"tiny": str(limits.tokenizer.name_or_path)}
+    assert limits_by_name(dirs)["tiny"].max_model_len == limits.max_model_len
+    assert limits_of(dirs, "tiny").name == "tiny"
+    with pytest.raises(UnknownModel, match="available: tiny"):
+        limits_of(dirs, "gpt-5")
 
 
 def test_model_limits_from_dir(limits, tmp_path):
     assert (limits.name, limits.max_model_len, limits.vocab_size) == ("tiny", 1024, 512)
     path = write_tiny_model(tmp_path / "mistral", arch="mistral", sliding_window=256)
-    capped = rq.ModelLimits.from_dir(path)
+    capped = ModelLimits.from_dir(path)
     assert capped.max_model_len == 256 and capped.name == "mistral"
-    assert rq.ModelLimits.from_dir(path) is capped  # cached
-    assert rq.ModelLimits.from_dir(path, max_model_len=128).max_model_len == 128
+    assert ModelLimits.from_dir(path) is capped  # cached
+    assert ModelLimits.from_dir(path, max_model_len=128).max_model_len == 128
     with pytest.raises(ValueError):
-        rq.ModelLimits.from_dir(path, max_model_len=4096)
+        ModelLimits.from_dir(path, max_model_len=4096)
 
 
 # ---- nothing a line holds makes the parser raise ------------------------------------------------
@@ -414,9 +438,9 @@ _lines = st.fixed_dictionaries(
 
 def _check_results(results, expected_lines=None):
     for r in results:
-        assert isinstance(r, rq.ParsedRequest | rq.LineError)
-        if isinstance(r, rq.LineError):
-            assert r.code in rq.REQUEST_ERROR_CODES and r.message and r.line >= 1
+        assert isinstance(r, ParsedRequest | LineError)
+        if isinstance(r, LineError):
+            assert r.code in errors.REQUEST_ERROR_CODES and r.message and r.line >= 1
         else:
             assert r.prompt_token_ids and r.sampling_params.max_tokens >= 1
     if expected_lines is not None:
@@ -426,14 +450,14 @@ def _check_results(results, expected_lines=None):
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.binary(max_size=400))
 def test_arbitrary_bytes_never_raise(limits, data):
-    _check_results(list(rq.parse_requests(io.BytesIO(data), {"tiny": limits}, max_line_bytes=200)))
+    _check_results(list(parse_requests(io.BytesIO(data), {"tiny": limits}, max_line_bytes=200)))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(_lines | _json, min_size=1, max_size=4))
 def test_arbitrary_json_never_raises(limits, objs):
     data = b"\n".join(json.dumps(o).encode() for o in objs)
-    results = list(rq.parse_requests(io.BytesIO(data), {"tiny": limits}))
+    results = list(parse_requests(io.BytesIO(data), {"tiny": limits}))
     _check_results(results, expected_lines=len(objs))
 
 
@@ -441,7 +465,7 @@ def test_arbitrary_json_never_raises(limits, objs):
 @given(_bodies, st.sampled_from([CHAT, COMPLETIONS]))
 def test_arbitrary_bodies_never_raise(limits, body, url):
     obj = {"custom_id": "x", "method": "POST", "url": url, "body": {"model": "tiny", **body}}
-    _check_results(list(rq.parse_requests(io.BytesIO(json.dumps(obj).encode()), limits)), expected_lines=1)
+    _check_results(list(parse_requests(io.BytesIO(json.dumps(obj).encode()), limits)), expected_lines=1)
 
 
 # ---- response shapes -----------------------------------------------------------------------------
@@ -459,7 +483,7 @@ def _output(n=1, logprobs=False) -> RequestOutput:
 
 
 def test_chat_completion_body(limits):
-    body = rq.chat_completion_body(_output(n=2), model="tiny", created=123, response_id="chatcmpl-x")
+    body = chat_completion_body(_output(n=2), model="tiny", created=123, response_id="chatcmpl-x")
     assert body == {
         "id": "chatcmpl-x", "object": "chat.completion", "created": 123, "model": "tiny",
         "choices": [
@@ -471,7 +495,7 @@ def test_chat_completion_body(limits):
         "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
         "system_fingerprint": None,
     }  # fmt: skip
-    lp = rq.chat_completion_body(_output(logprobs=True), model="tiny", logprobs=2, tokenizer=limits)
+    lp = chat_completion_body(_output(logprobs=True), model="tiny", logprobs=2, tokenizer=limits)
     content = lp["choices"][0]["logprobs"]["content"]
     assert len(content) == 2 and content[0]["logprob"] == -0.5
     assert content[0]["token"] == limits.tokenizer.decode([10])
@@ -482,7 +506,7 @@ def test_chat_completion_body(limits):
 
 def test_text_completion_body_and_response_body(limits):
     # without a tokenizer tokens are named by id ("token_id:99"), so none collide as dict keys here
-    body = rq.text_completion_body(_output(logprobs=True), model="tiny", logprobs=3)
+    body = text_completion_body(_output(logprobs=True), model="tiny", logprobs=3)
     assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
     choice = body["choices"][0]
     assert (choice["index"], choice["text"], choice["finish_reason"]) == (0, "out0", "stop")
@@ -491,22 +515,22 @@ def test_text_completion_body_and_response_body(limits):
     assert list(lp["top_logprobs"][0].values()) == [-0.5, -1.5, -9999.0]  # -inf is not JSON
     json.dumps(body, allow_nan=False)
     req = one(limits, line(url=COMPLETIONS))
-    assert rq.response_body(req, _output())["object"] == "text_completion"
-    assert rq.response_body(one(limits, line()), _output())["object"] == "chat.completion"
+    assert response_body(req, _output())["object"] == "text_completion"
+    assert response_body(one(limits, line()), _output())["object"] == "chat.completion"
 
 
 def test_batch_lines():
-    ok = rq.batch_output_line("c1", {"x": 1}, line_id="batch_req_1", request_id="req_1")
+    ok = batch_output_line("c1", {"x": 1}, line_id="batch_req_1", request_id="req_1")
     assert ok == {
         "id": "batch_req_1", "custom_id": "c1",
         "response": {"status_code": 200, "request_id": "req_1", "body": {"x": 1}}, "error": None,
     }  # fmt: skip
-    bad = rq.batch_error_line("c2", "invalid_json", "nope")
+    bad = batch_error_line("c2", "invalid_json", "nope")
     assert bad["error"] is None and bad["response"]["status_code"] == 400
     assert bad["response"]["body"]["error"] == {
         "message": "nope", "type": "invalid_request_error", "param": None, "code": "invalid_json"
     }  # fmt: skip
-    cancelled = rq.batch_error_line("c3", "batch_cancelled", "cancelled", status_code=None)
+    cancelled = batch_error_line("c3", "batch_cancelled", "cancelled", status_code=None)
     assert cancelled["response"] is None and cancelled["error"] == {
         "code": "batch_cancelled",
         "message": "cancelled",

@@ -10,16 +10,30 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchfile import requests as rq
+from batchfile.errors import INVALID_JSON, LineError
+from batchfile.request import CHAT_URL, COMPLETIONS_URL, ParsedRequest
+from batchfile.responses import batch_output_line
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
-from store import results as rs
+from store.results.jsonl import iter_output_jsonl
+from store.results.parquet import ResultCounts, count_results, write_results
+from store.results.parts import ResultsStore
+from store.results.rows import (
+    ABORTED_CODE,
+    CANCELLED_CODE,
+    RESULT_SCHEMA,
+    cancelled_row,
+    completed_row,
+    error_row,
+    failed_row,
+    rows_to_table,
+)
 
 T0 = 1_700_000_000.0
 
 
-def _request(line: int, url: str = rq.CHAT_URL, n: int = 1) -> rq.ParsedRequest:
-    return rq.ParsedRequest(
+def _request(line: int, url: str = CHAT_URL, n: int = 1) -> ParsedRequest:
+    return ParsedRequest(
         line=line, custom_id=f"req-{line}", url=url, model="tiny", prompt_token_ids=[1, 2, 3],
         sampling_params=SamplingParams(n=n, max_tokens=4), body={"model": "tiny"},
     )  # fmt: skip
@@ -34,7 +48,7 @@ def _output(line: int, n: int = 1, finish_reason: str = "stop") -> RequestOutput
 
 
 def _completed(line: int, **kwargs) -> dict:
-    return rs.completed_row(
+    return completed_row(
         _request(line), _output(line), created_at=T0, started_at=T0 + 1, finished_at=T0 + 1.5, **kwargs
     )
 
@@ -43,9 +57,9 @@ def _rows(lines, shard="s") -> list[dict]:
     rows = []
     for line in lines:
         if line % 5 == 0:
-            rows.append(rs.error_row(rq.LineError(line, f"req-{line}", rq.INVALID_JSON, "bad json"), shard_id=shard))
+            rows.append(error_row(LineError(line, f"req-{line}", INVALID_JSON, "bad json"), shard_id=shard))
         elif line % 7 == 0:
-            rows.append(rs.cancelled_row(_request(line), shard_id=shard))
+            rows.append(cancelled_row(_request(line), shard_id=shard))
         else:
             rows.append(_completed(line, shard_id=shard))
     return rows
@@ -54,10 +68,10 @@ def _rows(lines, shard="s") -> list[dict]:
 @pytest.fixture(params=["local", "memory"])
 def store(request, tmp_path):
     if request.param == "local":
-        yield rs.ResultsStore(str(tmp_path / "results"))
+        yield ResultsStore(str(tmp_path / "results"))
     else:
         url = f"memory://results-{uuid.uuid4().hex}"
-        store = rs.ResultsStore(url)
+        store = ResultsStore(url)
         yield store
         if store.fs.exists(store.root):
             store.fs.rm(store.root, recursive=True)
@@ -72,8 +86,8 @@ def _all_files(store) -> list[str]:
 
 def test_rows_follow_the_schema():
     row = _completed(3, shard_id="job.0")
-    table = rs.rows_to_table([row, _completed(1)])
-    assert table.schema == rs.RESULT_SCHEMA
+    table = rows_to_table([row, _completed(1)])
+    assert table.schema == RESULT_SCHEMA
     assert table.column("line").to_pylist() == [1, 3]
     got = table.to_pylist()[1]
     assert (got["status"], got["output_text"], got["output_token_ids"], got["finish_reason"]) == (
@@ -86,17 +100,17 @@ def test_rows_follow_the_schema():
 
 
 def test_n_choices_keep_choice_zero_in_columns_and_all_in_the_body():
-    row = rs.completed_row(_request(1, n=3), _output(1, n=3))
+    row = completed_row(_request(1, n=3), _output(1, n=3))
     assert row["output_text"] == "answer 1.0" and row["completion_tokens"] == 2 + 3 + 4
     body = json.loads(row["response_body"])
     assert [c["message"]["content"] for c in body["choices"]] == ["answer 1.0", "answer 1.1", "answer 1.2"]
 
 
 def test_aborted_output_is_a_cancelled_row():
-    row = rs.completed_row(_request(1), _output(1, finish_reason="abort"))
-    assert (row["status"], row["error_code"], row["response_body"]) == ("cancelled", rs.ABORTED_CODE, None)
+    row = completed_row(_request(1), _output(1, finish_reason="abort"))
+    assert (row["status"], row["error_code"], row["response_body"]) == ("cancelled", ABORTED_CODE, None)
     with pytest.raises(ValueError):
-        rs.failed_row(1, "x", "c", "m", status="completed")
+        failed_row(1, "x", "c", "m", status="completed")
 
 
 def test_write_part_overwrites_and_leaves_no_temp_files(store):
@@ -116,7 +130,7 @@ def test_failed_write_keeps_the_old_part(store, monkeypatch):
         where.write(b"PAR1 half a file")
         raise OSError("disk full")
 
-    monkeypatch.setattr(rs.pq, "write_table", broken)
+    monkeypatch.setattr(pq, "write_table", broken)
     with pytest.raises(OSError, match="disk full"):
         store.write_part("job1", "s0", _rows([1, 2, 3]))
     monkeypatch.undo()
@@ -134,7 +148,7 @@ def test_merge_counts_and_jsonl(store):
     failed = [i for i in lines if i % 5 == 0]
     cancelled = [i for i in lines if i % 5 and i % 7 == 0]
     completed = [i for i in lines if i not in failed and i not in cancelled]
-    assert counts == rs.ResultCounts(
+    assert counts == ResultCounts(
         total=30, completed=len(completed), failed=len(failed), cancelled=len(cancelled),
         prompt_tokens=3 * (len(completed) + len(cancelled)), completion_tokens=2 * len(completed),
     )  # fmt: skip
@@ -144,10 +158,10 @@ def test_merge_counts_and_jsonl(store):
     merged = store.merge("job1")
     assert merged == store.merged_path("job1")
     table = pq.read_table(store.fs.open(merged, "rb"))
-    assert table.schema == rs.RESULT_SCHEMA and table.column("line").to_pylist() == list(lines)
+    assert table.schema == RESULT_SCHEMA and table.column("line").to_pylist() == list(lines)
     out, err = list(store.iter_output_jsonl("job1")), list(store.iter_error_jsonl("job1"))
     assert (out, err) == from_parts
-    assert rs.count_results(store.url_for(merged)) == counts
+    assert count_results(store.url_for(merged)) == counts
 
     assert all(s.endswith("\n") for s in out + err)
     outputs = [json.loads(s) for s in out]
@@ -162,15 +176,15 @@ def test_merge_counts_and_jsonl(store):
     assert list(errors) == [f"req-{i}" for i in lines if i in failed or i in cancelled]
     bad = errors["req-5"]
     assert bad["error"] is None and bad["response"]["status_code"] == 400
-    assert bad["response"]["body"]["error"]["code"] == rq.INVALID_JSON
+    assert bad["response"]["body"]["error"]["code"] == INVALID_JSON
     gone = errors["req-7"]
     assert gone["response"] is None and gone["error"] == {
-        "code": rs.CANCELLED_CODE,
+        "code": CANCELLED_CODE,
         "message": "the batch was cancelled",
     }
 
     assert list(store.iter_output_jsonl("job1")) == out  # ids are stable
-    assert json.loads(next(rs.iter_output_jsonl(store.url_for(merged), id_seed="other")))["id"] != first["id"]
+    assert json.loads(next(iter_output_jsonl(store.url_for(merged), id_seed="other")))["id"] != first["id"]
 
 
 def test_output_lines_are_the_openai_objects_with_the_stored_body(tmp_path):
@@ -179,21 +193,21 @@ def test_output_lines_are_the_openai_objects_with_the_stored_body(tmp_path):
     custom_ids = ["plain", 'quo"te \\ back', "ünï \u2028 line\nbreak", "{}"]
     rows = []
     for line, custom_id in enumerate(custom_ids, start=1):
-        request = rq.ParsedRequest(
-            line=line, custom_id=custom_id, url=rq.COMPLETIONS_URL, model="tiny", prompt_token_ids=[1, 2],
+        request = ParsedRequest(
+            line=line, custom_id=custom_id, url=COMPLETIONS_URL, model="tiny", prompt_token_ids=[1, 2],
             sampling_params=SamplingParams(max_tokens=4), body={"model": "tiny"},
         )  # fmt: skip
         output = RequestOutput(
             request_id=str(line), prompt=None, prompt_token_ids=[1, 2],
             outputs=[CompletionOutput(index=0, text=f'"{custom_id}"\n', token_ids=[5, 6], finish_reason="length")],
         )  # fmt: skip
-        rows.append(rs.completed_row(request, output, created_at=T0, started_at=T0, finished_at=T0))
-    path = rs.write_results(str(tmp_path / "r.parquet"), rows)
-    lines = list(rs.iter_output_jsonl(path, id_seed="job9"))
+        rows.append(completed_row(request, output, created_at=T0, started_at=T0, finished_at=T0))
+    path = write_results(str(tmp_path / "r.parquet"), rows)
+    lines = list(iter_output_jsonl(path, id_seed="job9"))
     assert len(lines) == len(custom_ids) and all(s.endswith("\n") and s.count("\n") == 1 for s in lines)
     for row, text in zip(rows, lines):
         parsed = json.loads(text)
-        expected = rq.batch_output_line(
+        expected = batch_output_line(
             row["custom_id"], json.loads(row["response_body"]),
             line_id=parsed["id"], request_id=parsed["response"]["request_id"],
         )  # fmt: skip
@@ -232,7 +246,7 @@ def test_delete_job(store):
     store.merge("job3")
     store.write_part("other", "x", _rows([1]))
     assert store.delete_job("job3") == 3
-    assert store.list_parts("job3") == [] and store.count("job3") == rs.ResultCounts()
+    assert store.list_parts("job3") == [] and store.count("job3") == ResultCounts()
     assert store.delete_job("job3") == 0
     assert len(store.list_parts("other")) == 1
 
@@ -251,8 +265,8 @@ def test_ids_must_be_path_safe(store):
 def test_write_results_single_file(tmp_path):
     url = f"memory://single-{uuid.uuid4().hex}/out.parquet"
     rows = _rows(range(1, 6))
-    rs.write_results(url, rows)
-    assert rs.count_results(url).total == 5
-    path = rs.write_results(str(tmp_path / "sub" / "out.parquet"), pa.Table.from_pylist(rows, schema=rs.RESULT_SCHEMA))
+    write_results(url, rows)
+    assert count_results(url).total == 5
+    path = write_results(str(tmp_path / "sub" / "out.parquet"), pa.Table.from_pylist(rows, schema=RESULT_SCHEMA))
     assert pq.read_table(path).num_rows == 5
     assert [p.name for p in (tmp_path / "sub").iterdir()] == ["out.parquet"]

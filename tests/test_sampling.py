@@ -11,7 +11,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.tiny import write_tiny_model
-from tests.conftest import assert_pool_free
+from tests.helpers import assert_pool_free
 
 PROMPTS = [
     "Hello, world!",

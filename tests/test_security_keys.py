@@ -17,10 +17,11 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy import create_engine, text
 
-from pagedbatch.cli import _api_key, build_parser, main
+from pagedbatch.cli import build_parser, main
+from pagedbatch.client_commands import api_key
 from store import ids, keys
 from store.db import normalize_url
-from tests.platform_fixtures import MODEL, REPO, chat_line, jsonl, platform  # noqa: F401
+from tests.helpers import MODEL, REPO, chat_line, jsonl
 
 PUBLIC = {"/healthz", "/openapi.json"}
 
@@ -29,7 +30,7 @@ def _tenant(name: str) -> str:
     return f"{name}-{secrets.token_hex(3)}"
 
 
-def _rows(platform, sql: str, **params):  # noqa: F811
+def _rows(platform, sql: str, **params):
     engine = create_engine(normalize_url(platform.settings.database_url))
     try:
         with engine.connect() as conn:
@@ -38,7 +39,7 @@ def _rows(platform, sql: str, **params):  # noqa: F811
         engine.dispose()
 
 
-def _bare(platform, **overrides):  # noqa: F811
+def _bare(platform, **overrides):
     """A test client that sends no Authorization header."""
     return FlaskClient(platform.app(**overrides))
 
@@ -58,7 +59,7 @@ def _assert_401(r):
 # ---- keys ---------------------------------------------------------------------------------------------
 
 
-def test_create_list_revoke(platform):  # noqa: F811
+def test_create_list_revoke(platform):
     tenant = _tenant("keys")
     key, info = keys.create_key(platform.settings, tenant, name="ci")
     assert re.fullmatch(r"pb-[A-Za-z0-9_-]{40}", key)
@@ -79,7 +80,7 @@ def test_create_list_revoke(platform):  # noqa: F811
         keys.revoke_key(platform.settings, "key_doesnotexist")
 
 
-def test_keys_are_stored_only_as_hashes(platform):  # noqa: F811
+def test_keys_are_stored_only_as_hashes(platform):
     key, info = keys.create_key(platform.settings, _tenant("hash"))
     (row,) = _rows(platform, "select * from api_keys where id = :id", id=info.id)
     assert row["key_hash"] == hashlib.sha256(key.encode()).hexdigest()
@@ -89,7 +90,7 @@ def test_keys_are_stored_only_as_hashes(platform):  # noqa: F811
     assert key not in dump and secret_part not in dump and secret_part[:12] not in dump
 
 
-def test_keys_cli_commands(platform, capsys):  # noqa: F811
+def test_keys_cli_commands(platform, capsys):
     url = platform.settings.database_url
     tenant = _tenant("cli")
     assert main(["keys", "create", "--tenant", tenant, "--name", "laptop", "--database-url", url]) == 0
@@ -114,7 +115,7 @@ def test_keys_cli_commands(platform, capsys):  # noqa: F811
     assert f"{tenant}\tmax_active_jobs=3\tmax_queued_requests=default" in capsys.readouterr().out
 
 
-def test_keys_command_in_a_subprocess(platform):  # noqa: F811
+def test_keys_command_in_a_subprocess(platform):
     tenant = _tenant("proc")
     env = {**os.environ, "PAGEDBATCH_DATABASE_URL": platform.settings.database_url}
     done = subprocess.run(
@@ -144,7 +145,7 @@ def _every_route(app):
             yield method, path
 
 
-def test_every_route_but_health_needs_a_valid_key(platform):  # noqa: F811
+def test_every_route_but_health_needs_a_valid_key(platform):
     bare = _bare(platform)
     _, info = keys.create_key(platform.settings, _tenant("revoked"))
     revoked_key, revoked_info = keys.create_key(platform.settings, _tenant("revoked"))
@@ -174,7 +175,7 @@ def test_every_route_but_health_needs_a_valid_key(platform):  # noqa: F811
     assert unknown == revoked and unknown["code"] == "invalid_api_key"  # a revoked key is not disclosed
 
 
-def test_openapi_declares_bearer_auth(platform):  # noqa: F811
+def test_openapi_declares_bearer_auth(platform):
     spec = _bare(platform).get("/openapi.json").get_json()
     (scheme,) = spec["components"]["securitySchemes"].values()
     assert scheme["type"] == "http" and scheme["scheme"] == "bearer"
@@ -188,7 +189,7 @@ def test_openapi_declares_bearer_auth(platform):  # noqa: F811
     assert "429" in spec["paths"]["/v1/batches"]["post"]["responses"]
 
 
-def test_client_sends_the_key(platform):  # noqa: F811
+def test_client_sends_the_key(platform):
     from pagedbatch.client import ApiError, Client
 
     url = platform.start_server()
@@ -209,7 +210,7 @@ def _same_as_missing(their, mine_missing, their_id: str, missing_id: str) -> Non
     assert their.headers["Content-Type"] == mine_missing.headers["Content-Type"]
 
 
-def test_another_tenants_ids_answer_exactly_like_missing_ones(platform):  # noqa: F811
+def test_another_tenants_ids_answer_exactly_like_missing_ones(platform):
     a, b = _tenant("a"), _tenant("b")
     mine = _noworker(platform, a)  # its running job stays in progress
     theirs = platform.app(default_tenant=b).test_client()
@@ -251,7 +252,7 @@ def test_another_tenants_ids_answer_exactly_like_missing_ones(platform):  # noqa
     assert mine.get(f"/v1/files/{failed['input_file_id']}/content").data == b"bad\n"
 
 
-def test_lists_show_only_the_tenants_own_objects(platform):  # noqa: F811
+def test_lists_show_only_the_tenants_own_objects(platform):
     a, b = _tenant("list-a"), _tenant("list-b")
     mine = _noworker(platform, a)  # no output files appear while the lists are compared
     theirs = platform.app(default_tenant=b).test_client()
@@ -281,13 +282,13 @@ def _assert_429(r, retry_after: int = 30):
     return error["message"]
 
 
-def _noworker(platform, tenant, **overrides):  # noqa: F811
+def _noworker(platform, tenant, **overrides):
     """A client of `tenant` whose jobs go to queues nobody serves, so they stay active."""
     queue = f"pbtest-noworker-{secrets.token_hex(3)}"
     return platform.app(default_tenant=tenant, queue_prefix=queue, **overrides).test_client()
 
 
-def test_active_jobs_limit_answers_429_until_a_job_finishes(platform):  # noqa: F811
+def test_active_jobs_limit_answers_429_until_a_job_finishes(platform):
     tenant = _tenant("lim")
     keys.set_tenant_limits(platform.settings, tenant, max_active_jobs=2, max_queued_requests=None)
     client = _noworker(platform, tenant)
@@ -309,7 +310,7 @@ def test_active_jobs_limit_answers_429_until_a_job_finishes(platform):  # noqa: 
     assert _post_job(_noworker(platform, _tenant("free")), [chat_line("a", "x")]).status_code == 201
 
 
-def test_queued_requests_limit(platform):  # noqa: F811
+def test_queued_requests_limit(platform):
     tenant = _tenant("queued")
     keys.set_tenant_limits(platform.settings, tenant, max_active_jobs=0, max_queued_requests=10)
     client = _noworker(platform, tenant)
@@ -320,7 +321,7 @@ def test_queued_requests_limit(platform):  # noqa: F811
     _assert_429(_post_job(client, [chat_line("d", "x")]))
 
 
-def test_limits_from_settings_and_environment(platform, monkeypatch):  # noqa: F811
+def test_limits_from_settings_and_environment(platform, monkeypatch):
     from store.settings import Settings
 
     monkeypatch.setenv("PAGEDBATCH_MAX_ACTIVE_JOBS_PER_TENANT", "7")
@@ -341,7 +342,7 @@ def test_limits_from_settings_and_environment(platform, monkeypatch):  # noqa: F
     _assert_429(_post_job(client, [chat_line("a", "x")]), retry_after=12)
 
 
-def test_concurrent_submissions_cannot_both_take_the_last_place(platform):  # noqa: F811
+def test_concurrent_submissions_cannot_both_take_the_last_place(platform):
     tenant = _tenant("race")
     keys.set_tenant_limits(platform.settings, tenant, max_active_jobs=1, max_queued_requests=None)
     clients = [_noworker(platform, tenant) for _ in range(4)]
@@ -381,7 +382,7 @@ def test_ids_are_unguessable():
     assert len(api_keys) == 1000 and all(len(k) == 43 for k in api_keys)
 
 
-def test_api_ids_are_not_sequential(platform):  # noqa: F811
+def test_api_ids_are_not_sequential(platform):
     client = platform.app(default_tenant=_tenant("ids")).test_client()
     jobs = [client.post("/v1/jobs", data=b"bad\n", content_type="application/x-ndjson",
                         query_string={"model": MODEL}).get_json() for _ in range(3)]
@@ -393,7 +394,7 @@ def test_api_ids_are_not_sequential(platform):  # noqa: F811
 # ---- serve's local key ---------------------------------------------------------------------------------
 
 
-def test_serve_creates_its_key_once_and_reuses_it(platform, tmp_path):  # noqa: F811
+def test_serve_creates_its_key_once_and_reuses_it(platform, tmp_path):
     home = tmp_path / "home"
     key, created = keys.ensure_local_key(platform.settings, home)
     path = keys.local_key_path(home)
@@ -415,9 +416,9 @@ def test_client_commands_find_a_key(tmp_path, monkeypatch):
     monkeypatch.setenv("PAGEDBATCH_HOME", str(home))
     monkeypatch.delenv("PAGEDBATCH_API_KEY", raising=False)
     parse = build_parser().parse_args
-    assert _api_key(parse(["status", "batch_x", "--url", "http://127.0.0.1:8000"])) == "pb-saved"
-    assert _api_key(parse(["status", "batch_x", "--url", "http://localhost:9"])) == "pb-saved"
-    assert _api_key(parse(["status", "batch_x", "--url", "https://batch.example.com"])) is None
+    assert api_key(parse(["status", "batch_x", "--url", "http://127.0.0.1:8000"])) == "pb-saved"
+    assert api_key(parse(["status", "batch_x", "--url", "http://localhost:9"])) == "pb-saved"
+    assert api_key(parse(["status", "batch_x", "--url", "https://batch.example.com"])) is None
     monkeypatch.setenv("PAGEDBATCH_API_KEY", "pb-env")
-    assert _api_key(parse(["status", "batch_x", "--url", "https://batch.example.com"])) == "pb-env"
-    assert _api_key(parse(["status", "batch_x", "--api-key", "pb-flag"])) == "pb-flag"
+    assert api_key(parse(["status", "batch_x", "--url", "https://batch.example.com"])) == "pb-env"
+    assert api_key(parse(["status", "batch_x", "--api-key", "pb-flag"])) == "pb-flag"

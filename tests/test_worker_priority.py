@@ -6,7 +6,6 @@ import os
 import re
 import threading
 
-from tests.platform_fixtures import platform, worker  # noqa: F401
 from workers.priority import lower_this_thread
 
 
@@ -45,7 +44,7 @@ def test_lowering_is_per_thread_and_inherited_by_new_threads():
     assert _nice(threading.get_native_id()) == base  # the caller's caller: unchanged
 
 
-def test_live_worker_engine_thread_outranks_its_bookkeeping(worker):  # noqa: F811
+def test_live_worker_engine_thread_outranks_its_bookkeeping(worker):
     pid = worker._worker.pid
     match = re.search(r"engine loop thread (\d+)", worker.worker_log())
     assert match, worker.worker_log()[-2000:]

@@ -6,7 +6,7 @@ import logging
 import threading
 from collections import defaultdict
 
-from store import lifecycle
+from store.cancel import cancelling_jobs
 from store.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ class CancelWatcher:
             if not job_ids:
                 continue
             try:
-                cancelled = lifecycle.cancelling_jobs(self.settings, job_ids)
+                cancelled = cancelling_jobs(self.settings, job_ids)
             except Exception:  # noqa: BLE001 - a database hiccup must not kill the watcher
                 log.exception("polling for cancelled jobs failed")
                 continue

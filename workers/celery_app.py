@@ -7,11 +7,10 @@ from celery.signals import worker_shutting_down
 
 from broker.queue import celery_config
 from store.settings import Settings
+from workers import tasks
 
 
 def _on_worker_shutting_down(**_kwargs) -> None:
-    from workers import tasks
-
     tasks.on_shutdown()
 
 
@@ -19,8 +18,6 @@ def make_celery(settings: Settings) -> Celery:
     app = Celery("pagedbatch", set_as_current=True)
     app.conf.update(celery_config(settings))
     app.conf.update(worker_pool="threads", worker_enable_remote_control=False)
-    from workers import tasks
-
     tasks.register(app)
     worker_shutting_down.connect(_on_worker_shutting_down, weak=False)
     return app

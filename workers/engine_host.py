@@ -14,25 +14,23 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
-import time
 from collections import deque
 from concurrent.futures import Future
 
 log = logging.getLogger(__name__)
 
-POISON_ENV = "PAGEDBATCH_TEST_POISON"  # tests only: a prompt containing this text makes every step raise
-STEP_DELAY_ENV = "PAGEDBATCH_TEST_STEP_DELAY_S"  # tests only: every step takes at least this long
-
 
 class EngineHost:
-    """Drives `engine` from a background thread. Pass `factory` (a callable returning the engine)
-    instead to build the engine in that thread: see `load`."""
+    """Builds the engine with `factory` (no arguments) in a background thread and steps it there only.
 
-    def __init__(self, engine=None, idle_wait_s: float = 0.05, *, factory=None):
-        if (engine is None) == (factory is None):
-            raise TypeError("give an engine or a factory, not both")
+    On CPU this matters: OpenMP (libgomp) keeps a team of threads for every thread that ever ran a
+    parallel region, and once the process holds more of them than there are cores, every team stops
+    spin-waiting and sleeps between regions. An engine loaded in the main thread and stepped in
+    another ran about 40 % slower for that reason alone.
+    """
+
+    def __init__(self, factory, idle_wait_s: float = 0.05):
         self.engine = None
         self.idle_wait_s = idle_wait_s
         self._futures: dict[str, Future] = {}
@@ -47,33 +45,16 @@ class EngineHost:
         self._ready = threading.Event()
         self.loop_thread_id: int | None = None  # the loop thread's native id, once it runs
         self._load_error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._run, args=(factory or (lambda: engine),), name="engine-loop", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, args=(factory,), name="engine-loop", daemon=True)
         self._thread.start()
         self._ready.wait()
         if self._load_error is not None:
             raise self._load_error
 
-    @classmethod
-    def load(cls, factory, idle_wait_s: float = 0.05) -> EngineHost:
-        """Build the engine inside the loop thread and run every step there.
-
-        On CPU this matters: OpenMP (libgomp) keeps a team of threads for every thread that ever ran a
-        parallel region, and once the process holds more of them than there are cores, every team stops
-        spin-waiting and sleeps between regions. An engine loaded in the main thread and stepped in
-        another ran about 40 % slower for that reason alone.
-        """
-        return cls(factory=factory, idle_wait_s=idle_wait_s)
-
     def _run(self, factory) -> None:
         self.loop_thread_id = threading.get_native_id()
         try:
-            engine = factory()
-            marker = os.environ.get(POISON_ENV)
-            delay = float(os.environ.get(STEP_DELAY_ENV) or 0)
-            engine = SlowEngine(engine, delay) if delay > 0 else engine
-            self.engine = PoisonedEngine(engine, marker) if marker else engine
+            self.engine = factory()
         except BaseException as exc:  # noqa: BLE001 - raised again in the constructor
             self._load_error = exc
             return
@@ -220,64 +201,3 @@ class EngineHost:
         half = len(suspects) // 2
         with self._lock:
             self._suspects.extendleft([suspects[half:], suspects[:half]])
-
-
-class PoisonedEngine:
-    """Test-only fault: while a request whose prompt contains `marker` is in the engine, `step` raises,
-    as a request that crashes the model would. Installed by EngineHost when PAGEDBATCH_TEST_POISON is set."""
-
-    def __init__(self, engine, marker: str):
-        self._engine = engine
-        self._marker = marker
-        self._poisoned: set[str] = set()
-
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
-
-    def add_request(self, request_id, prompt, params=None):
-        self._engine.add_request(request_id, prompt, params)
-        ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else None
-        text = self._engine.tokenizer.decode(ids) if ids is not None else str(prompt)
-        if self._marker in text:
-            self._poisoned.add(request_id)
-
-    def abort_request(self, request_id):
-        self._poisoned.discard(request_id)
-        return self._engine.abort_request(request_id)
-
-    def step(self):
-        if self._poisoned:
-            raise RuntimeError(f"test fault: a poisoned request is in the batch ({len(self._poisoned)})")
-        return self._engine.step()
-
-
-class SlowEngine:
-    """Test-only: every step takes at least `delay` seconds, so that a shard reliably outlasts a short
-    broker visibility timeout whatever the machine's speed. Installed when PAGEDBATCH_TEST_STEP_DELAY_S is set."""
-
-    def __init__(self, engine, delay: float):
-        self._engine = engine
-        self._delay = delay
-
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
-
-    def step(self):
-        time.sleep(self._delay)
-        return self._engine.step()
-
-
-_host: EngineHost | None = None
-_host_lock = threading.Lock()
-
-
-def set_host(host: EngineHost) -> None:
-    global _host
-    with _host_lock:
-        _host = host
-
-
-def get_host() -> EngineHost:
-    if _host is None:
-        raise RuntimeError("no engine loaded in this process; start it with `pagedbatch worker --model`")
-    return _host

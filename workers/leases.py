@@ -11,8 +11,8 @@ import logging
 import threading
 from collections.abc import Callable
 
-from store import lifecycle
 from store.settings import Settings
+from store.shards import renew_leases
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class LeaseKeeper:
             if not held:
                 continue
             try:
-                lost = lifecycle.renew_leases(self.settings, held, self.lease_s)
+                lost = renew_leases(self.settings, held, self.lease_s)
             except Exception:  # noqa: BLE001 - the database is away: try again; the lease may run out
                 log.warning("renewing %d shard leases failed", len(held), exc_info=True)
                 continue

@@ -1,6 +1,6 @@
 """The offline path: an OpenAI-batch JSONL file in, one Parquet results file out, no services.
 
-`run_offline` parses the file with `batchfile.requests`, feeds every valid request into one
+`run_offline` parses the file with `batchfile.parser`, feeds every valid request into one
 in-process engine through its step API (a bounded number in flight, so a large file is never all
 in the engine at once), and writes one row per line with the `store.results` schema, bad lines
 included as failed rows.
@@ -13,8 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchfile.requests import LineError, ModelLimits, ParsedRequest, count_lines, parse_requests
-from store import results
+from batchfile.errors import LineError
+from batchfile.lines import count_lines
+from batchfile.model_limits import ModelLimits
+from batchfile.parser import parse_requests
+from batchfile.request import ParsedRequest
+from store.results.parquet import count_table, write_results
+from store.results.rows import completed_row, error_row, request_failed_row, rows_to_table
 
 
 @dataclass
@@ -55,63 +60,19 @@ def run_offline(
 
         llm = LLM(model=str(model_path), **(engine_kwargs or {}))
     engine = llm.llm_engine
-    max_model_len = getattr(engine, "max_model_len", None)
-    limits = ModelLimits.from_dir(model_path, name=model_name or Path(model_path).resolve().name)
-    if max_model_len is not None and max_model_len < limits.max_model_len:
-        limits = ModelLimits.from_dir(model_path, name=limits.name, max_model_len=max_model_len)
-
+    limits = _limits(engine, model_path, model_name)
     with open(input_path, "rb") as f:
         total = count_lines(f).lines
     bar = _progress_bar(total, progress)
-    rows: list[dict] = []
-    in_flight: dict[str, tuple[ParsedRequest, float]] = {}
-
-    def finish(outputs) -> None:
-        now = time.time()
-        for out in outputs:
-            if not getattr(out, "finished", True) or out.request_id not in in_flight:
-                continue
-            request, submitted = in_flight.pop(out.request_id)
-            rows.append(
-                results.completed_row(
-                    request, out, tokenizer=limits, created_at=started, started_at=submitted, finished_at=now
-                )
-            )
-            bar.update(1)
-
     try:
         with open(input_path, "rb") as f:
-            for item in parse_requests(f, limits, defaults=defaults):
-                if isinstance(item, LineError):
-                    rows.append(results.error_row(item, created_at=started, finished_at=time.time()))
-                    bar.update(1)
-                    continue
-                request_id = str(item.line)
-                try:
-                    engine.add_request(
-                        request_id, {"prompt_token_ids": item.prompt_token_ids}, item.sampling_params
-                    )
-                except ValueError as e:  # the engine's own limits (e.g. its KV pool) refuse it
-                    rows.append(_failed(item, "engine_rejected", str(e), started))
-                    bar.update(1)
-                    continue
-                in_flight[request_id] = (item, time.time())
-                while len(in_flight) >= max_in_flight:
-                    finish(engine.step())
-        while in_flight and engine.has_unfinished_requests():
-            finish(engine.step())
-    except BaseException:
-        for request_id in in_flight:
-            engine.abort_request(request_id)
-        raise
+            rows = _drive(engine, parse_requests(f, limits, defaults=defaults), limits, started, bar, max_in_flight)
     finally:
         bar.close()
-    for request, _ in in_flight.values():  # the engine lost them: never expected
-        rows.append(_failed(request, "engine_error", "the engine finished without this request", started))
 
-    table = results.rows_to_table(rows)
-    path = results.write_results(str(output_path), table)
-    counts = results.count_table(table)
+    table = rows_to_table(rows)
+    path = write_results(str(output_path), table)
+    counts = count_table(table)
     return OfflineSummary(
         output_path=path,
         total=counts.total,
@@ -124,8 +85,62 @@ def run_offline(
     )
 
 
+def _limits(engine, model_path, model_name: str | None) -> ModelLimits:
+    """The model's limits, with the context capped where the engine was configured shorter."""
+    limits = ModelLimits.from_dir(model_path, name=model_name or Path(model_path).resolve().name)
+    max_model_len = getattr(engine, "max_model_len", None)
+    if max_model_len is not None and max_model_len < limits.max_model_len:
+        limits = ModelLimits.from_dir(model_path, name=limits.name, max_model_len=max_model_len)
+    return limits
+
+
+def _drive(engine, items, limits: ModelLimits, started: float, bar, max_in_flight: int) -> list[dict]:
+    """Feed the parsed lines into the engine, at most `max_in_flight` at once; one row per line."""
+    rows: list[dict] = []
+    in_flight: dict[str, tuple[ParsedRequest, float]] = {}
+
+    def finish(outputs) -> None:
+        now = time.time()
+        for out in outputs:
+            if not getattr(out, "finished", True) or out.request_id not in in_flight:
+                continue
+            request, submitted = in_flight.pop(out.request_id)
+            rows.append(
+                completed_row(
+                    request, out, tokenizer=limits, created_at=started, started_at=submitted, finished_at=now
+                )
+            )
+            bar.update(1)
+
+    try:
+        for item in items:
+            if isinstance(item, LineError):
+                rows.append(error_row(item, created_at=started, finished_at=time.time()))
+                bar.update(1)
+                continue
+            request_id = str(item.line)
+            try:
+                engine.add_request(request_id, {"prompt_token_ids": item.prompt_token_ids}, item.sampling_params)
+            except ValueError as e:  # the engine's own limits (e.g. its KV pool) refuse it
+                rows.append(_failed(item, "engine_rejected", str(e), started))
+                bar.update(1)
+                continue
+            in_flight[request_id] = (item, time.time())
+            while len(in_flight) >= max_in_flight:
+                finish(engine.step())
+        while in_flight and engine.has_unfinished_requests():
+            finish(engine.step())
+    except BaseException:
+        for request_id in in_flight:
+            engine.abort_request(request_id)
+        raise
+    for request, _ in in_flight.values():  # the engine lost them: never expected
+        rows.append(_failed(request, "engine_error", "the engine finished without this request", started))
+    return rows
+
+
 def _failed(request: ParsedRequest, code: str, message: str, started: float) -> dict:
-    return results.request_failed_row(request, code, message, created_at=started, finished_at=time.time())
+    return request_failed_row(request, code, message, created_at=started, finished_at=time.time())
 
 
 def _progress_bar(total: int, enabled: bool):

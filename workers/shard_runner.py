@@ -2,7 +2,7 @@
 
 The part is written atomically before the shard is marked done, and the task is acknowledged
 only after that (late acks), so a redelivered shard overwrites its part instead of adding to it.
-The shard is leased in the database (`lifecycle.claim_shard`) and the lease renewed while it runs
+The shard is leased in the database (`store.shards.claim_shard`) and the lease renewed while it runs
 (`workers.leases`): a redelivery while it runs is skipped, a worker that dies loses the shard to the
 sweeper, and an attempt that lost its lease writes nothing. A worker shutting down (`drain`) aborts its
 unfinished shards and hands them back.
@@ -15,13 +15,18 @@ import logging
 import socket
 import threading
 import time
+from dataclasses import dataclass, field
 
 from sqlalchemy.exc import DBAPIError
 
-from batchfile import parsing
-from store import lifecycle
-from store import results as res
+from batchfile.shard_input import decode_request
+from store.cancel import stop_reason
+from store.finalize import maybe_finalize
+from store.results.parquet import count_results
+from store.results.parts import results_store
+from store.results.rows import cancelled_row, completed_row, expired_row, request_failed_row
 from store.settings import Settings
+from store.shards import claim_shard, finish_shard, owns_shard, release_shard
 from store.storage import get_storage
 from workers import leases
 from workers.sweeper import Recovery
@@ -70,7 +75,18 @@ def drain(host) -> int:
 
 def _read_requests(settings: Settings, key: str):
     with get_storage(settings.storage_url).open_read(key) as f:
-        return [parsing.decode_request(line) for line in f if line.strip()]
+        return [decode_request(line) for line in f if line.strip()]
+
+
+@dataclass
+class _Attempt:
+    """One attempt's requests in the engine: their futures and when each started and finished."""
+
+    request_ids: list[str]
+    futures: dict[str, concurrent.futures.Future] = field(default_factory=dict)
+    started: dict[str, float] = field(default_factory=dict)
+    finished: dict[str, float] = field(default_factory=dict)
+    lost: threading.Event = field(default_factory=threading.Event)
 
 
 def run_shard(settings: Settings, host, watcher, shard_id: str) -> str:
@@ -78,87 +94,86 @@ def run_shard(settings: Settings, host, watcher, shard_id: str) -> str:
     if draining.is_set():
         return RELEASED
     recovery = Recovery.from_env()
-    claim = with_db_retry(lifecycle.claim_shard, settings, shard_id, WORKER_NAME, recovery.lease_s)
+    claim = with_db_retry(claim_shard, settings, shard_id, WORKER_NAME, recovery.lease_s)
     if claim is None:  # done already (a redelivery), cancelled while queued, or running elsewhere
-        with_db_retry(lifecycle.maybe_finalize, settings, job_of(shard_id))
+        with_db_retry(maybe_finalize, settings, job_of(shard_id))
         return SKIPPED
     requests = _read_requests(settings, claim.input_key)
-    request_ids = [f"{shard_id}/{claim.attempt}/{req.line}" for req in requests]
-    futures: dict[str, concurrent.futures.Future] = {}
-    started: dict[str, float] = {}
-    finished: dict[str, float] = {}
-    lost = threading.Event()
-
-    def on_lost() -> None:
-        lost.set()
-        host.abort(request_ids)
-
     t0 = time.time()
-    keeper = leases.keeper(settings, recovery.lease_s)
-    keeper.hold(shard_id, claim.attempt, on_lost)
-    watcher.register(claim.job_id, request_ids)
-    with _in_flight_lock:
-        _in_flight[shard_id] = request_ids
-    try:
-        if not (claim.job_cancelling or watcher.is_cancelled(claim.job_id) or draining.is_set()):
-            batch = [(rid, {"prompt_token_ids": req.prompt_token_ids}, req.sampling_params)
-                     for rid, req in zip(request_ids, requests)]
-            now = time.time()
-            for request_id, future in zip(request_ids, host.submit_many(batch)):
-                started[request_id] = now
-                future.add_done_callback(lambda _f, rid=request_id: finished.__setitem__(rid, time.time()))
-                futures[request_id] = future
-        concurrent.futures.wait(futures.values())
-    finally:
-        with _in_flight_lock:
-            _in_flight.pop(shard_id, None)
-        watcher.unregister(claim.job_id, request_ids)
-        keeper.drop(shard_id)
-
-    if lost.is_set():
+    attempt = _run_in_engine(settings, host, watcher, shard_id, claim, requests, recovery.lease_s)
+    if attempt.lost.is_set():
         return LOST
-    stopped = [rid for rid in request_ids if _stopped(futures.get(rid))]
-    reason = with_db_retry(lifecycle.stop_reason, settings, claim.job_id) if stopped else None
+    stopped = [rid for rid in attempt.request_ids if _stopped(attempt.futures.get(rid))]
+    reason = with_db_retry(stop_reason, settings, claim.job_id) if stopped else None
     if stopped and reason is None:
         # aborted, but the job goes on: this worker is shutting down; the next one runs the shard
-        if with_db_retry(lifecycle.release_shard, settings, shard_id, claim.attempt):
+        if with_db_retry(release_shard, settings, shard_id, claim.attempt):
             log.info("shard %s handed back (%d requests unfinished)", shard_id, len(stopped))
         return RELEASED
 
-    rows = []
-    for request_id, req in zip(request_ids, requests):
-        future = futures.get(request_id)
-        times = {
-            "created_at": claim.job_created_at,
-            "started_at": started.get(request_id),
-            "finished_at": finished.get(request_id),
-        }
-        if _stopped(future):
-            if reason == "expired":
-                rows.append(lifecycle.expired_row(req, shard_id=shard_id, **times))
-            else:
-                rows.append(res.cancelled_row(req, shard_id=shard_id, **times))  # never ran, or aborted
-        elif future.exception() is not None:
-            exc = future.exception()
-            message = f"{type(exc).__name__}: {exc}"
-            rows.append(res.request_failed_row(req, ENGINE_ERROR, message, shard_id=shard_id, **times))
-        else:
-            rows.append(
-                res.completed_row(req, future.result(), shard_id=shard_id, tokenizer=host.tokenizer, **times)
-            )
+    rows = _rows(attempt, requests, reason, shard_id, claim.job_created_at, host.tokenizer)
     counts = _write_part(settings, claim.job_id, shard_id, rows, attempt=claim.attempt)
     if counts is None:
         return LOST
     log.info(
         "shard %s: %d completed, %d failed, %d cancelled in %.2fs",
-        shard_id,
-        counts.completed,
-        counts.failed,
-        counts.cancelled,
-        time.time() - t0,
+        shard_id, counts.completed, counts.failed, counts.cancelled, time.time() - t0,
     )
-    with_db_retry(lifecycle.maybe_finalize, settings, claim.job_id)
+    with_db_retry(maybe_finalize, settings, claim.job_id)
     return CANCELLED if counts.cancelled else DONE
+
+
+def _run_in_engine(settings: Settings, host, watcher, shard_id: str, claim, requests, lease_s: float) -> _Attempt:
+    """Submit the shard's requests (unless the job is stopping) under a held lease and wait for all."""
+    attempt = _Attempt([f"{shard_id}/{claim.attempt}/{req.line}" for req in requests])
+
+    def on_lost() -> None:
+        attempt.lost.set()
+        host.abort(attempt.request_ids)
+
+    keeper = leases.keeper(settings, lease_s)
+    keeper.hold(shard_id, claim.attempt, on_lost)
+    watcher.register(claim.job_id, attempt.request_ids)
+    with _in_flight_lock:
+        _in_flight[shard_id] = attempt.request_ids
+    try:
+        if not (claim.job_cancelling or watcher.is_cancelled(claim.job_id) or draining.is_set()):
+            batch = [(rid, {"prompt_token_ids": req.prompt_token_ids}, req.sampling_params)
+                     for rid, req in zip(attempt.request_ids, requests)]
+            now = time.time()
+            for request_id, future in zip(attempt.request_ids, host.submit_many(batch)):
+                attempt.started[request_id] = now
+                future.add_done_callback(lambda _f, rid=request_id: attempt.finished.__setitem__(rid, time.time()))
+                attempt.futures[request_id] = future
+        concurrent.futures.wait(attempt.futures.values())
+    finally:
+        with _in_flight_lock:
+            _in_flight.pop(shard_id, None)
+        watcher.unregister(claim.job_id, attempt.request_ids)
+        keeper.drop(shard_id)
+    return attempt
+
+
+def _rows(attempt: _Attempt, requests, reason: str | None, shard_id: str, created_at, tokenizer) -> list[dict]:
+    """One result row per request: completed, failed in the engine, or stopped (cancelled/expired)."""
+    rows = []
+    for request_id, req in zip(attempt.request_ids, requests):
+        future = attempt.futures.get(request_id)
+        times = {
+            "created_at": created_at,
+            "started_at": attempt.started.get(request_id),
+            "finished_at": attempt.finished.get(request_id),
+        }
+        if _stopped(future):
+            make_row = expired_row if reason == "expired" else cancelled_row  # never ran, or aborted
+            rows.append(make_row(req, shard_id=shard_id, **times))
+        elif future.exception() is not None:
+            exc = future.exception()
+            message = f"{type(exc).__name__}: {exc}"
+            rows.append(request_failed_row(req, ENGINE_ERROR, message, shard_id=shard_id, **times))
+        else:
+            rows.append(completed_row(req, future.result(), shard_id=shard_id, tokenizer=tokenizer, **times))
+    return rows
 
 
 def _stopped(future) -> bool:
@@ -168,17 +183,17 @@ def _stopped(future) -> bool:
 
 def fail_shard(settings: Settings, shard_id: str, error: str) -> None:
     """After the last retry: every request of the shard is recorded as failed, so the job can finish."""
-    claim = lifecycle.claim_shard(settings, shard_id, WORKER_NAME, Recovery.from_env().lease_s)
+    claim = claim_shard(settings, shard_id, WORKER_NAME, Recovery.from_env().lease_s)
     if claim is None:
         return
     rows = [
-        res.request_failed_row(
+        request_failed_row(
             req, ENGINE_ERROR, f"the shard failed: {error}", shard_id=shard_id, created_at=claim.job_created_at
         )
         for req in _read_requests(settings, claim.input_key)
     ]
     _write_part(settings, claim.job_id, shard_id, rows, attempt=claim.attempt)
-    lifecycle.maybe_finalize(settings, claim.job_id)
+    maybe_finalize(settings, claim.job_id)
 
 
 def _write_part(settings: Settings, job_id: str, shard_id: str, rows: list[dict], attempt: int | None = None):
@@ -186,13 +201,13 @@ def _write_part(settings: Settings, job_id: str, shard_id: str, rows: list[dict]
 
     With `attempt`, a stale attempt (the shard was taken over) writes nothing and returns None.
     """
-    if attempt is not None and not with_db_retry(lifecycle.owns_shard, settings, shard_id, attempt):
+    if attempt is not None and not with_db_retry(owns_shard, settings, shard_id, attempt):
         log.warning("shard %s: attempt %d was taken over; its result is dropped", shard_id, attempt)
         return None
-    store = lifecycle.results_store(settings)
+    store = results_store(settings)
     path = store.write_part(job_id, shard_id, rows)
-    counts = res.count_results(store.url_for(path))
-    if not with_db_retry(lifecycle.finish_shard, settings, shard_id, path, counts, attempt):
+    counts = count_results(store.url_for(path))
+    if not with_db_retry(finish_shard, settings, shard_id, path, counts, attempt):
         log.warning("shard %s: attempt %d was taken over while writing", shard_id, attempt)
         return None
     return counts

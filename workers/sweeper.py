@@ -2,7 +2,7 @@
 
 Every worker runs a `Sweeper` thread. Each sweep, idempotent and safe to run from many processes:
 
-1. expires jobs past their completion window (`lifecycle.expire_job`);
+1. expires jobs past their completion window (`store.cancel.expire_job`);
 2. takes back running shards whose lease ran out (their worker died or hung): queued again and re-sent,
    or, when their job is being cancelled or expired, marked cancelled so the finalizer writes their rows;
 3. re-sends queued shards whose broker message may be lost (Redis restarted without persistence, or the
@@ -26,8 +26,10 @@ from datetime import timedelta
 from sqlalchemy import exists, select, update
 
 from broker.queue import enqueue_shards, queue_size
-from store import lifecycle
+from store.cancel import expire_job
 from store.db import session_scope
+from store.finalize import maybe_finalize
+from store.jobs import STALE_VALIDATION
 from store.models import (
     CANCELLING,
     FAILED,
@@ -80,12 +82,10 @@ def _expire_jobs(settings: Settings) -> int:
     with session_scope(settings.database_url) as s:
         due = list(
             s.scalars(
-                select(Job.id).where(
-                    Job.status == IN_PROGRESS, Job.expired_at.is_(None), Job.expires_at <= utcnow()
-                )
+                select(Job.id).where(Job.status == IN_PROGRESS, Job.expired_at.is_(None), Job.expires_at <= utcnow())
             )
         )
-    return sum(lifecycle.expire_job(settings, job_id) for job_id in due)
+    return sum(expire_job(settings, job_id) for job_id in due)
 
 
 def _take_back_expired_leases(settings: Settings, recovery: Recovery) -> int:
@@ -152,11 +152,11 @@ def _finalize_finished_jobs(settings: Settings) -> int:
                 )
             )
         )
-    return sum(lifecycle.maybe_finalize(settings, job_id) for job_id in job_ids)
+    return sum(maybe_finalize(settings, job_id) for job_id in job_ids)
 
 
 def _fail_stale_validations(settings: Settings) -> int:
-    cutoff = utcnow() - lifecycle.STALE_VALIDATION
+    cutoff = utcnow() - STALE_VALIDATION
     with session_scope(settings.database_url) as s:
         stale = (Job.status == VALIDATING) | ((Job.status == CANCELLING) & Job.in_progress_at.is_(None))
         result = s.execute(

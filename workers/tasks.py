@@ -7,6 +7,8 @@ import logging
 from celery.exceptions import Reject
 
 from broker.queue import RUN_SHARD
+from workers import shard_runner
+from workers.sweeper import Sweeper
 
 log = logging.getLogger(__name__)
 
@@ -16,9 +18,7 @@ _state: dict = {}  # settings, host, cancel watcher and sweeper of this worker p
 
 
 def configure(settings, host, watcher) -> None:
-    """Called once by `pagedbatch worker` before the Celery worker starts; starts this process's sweeper."""
-    from workers.sweeper import Sweeper
-
+    """Called once by `workers.process.run_worker` before the Celery worker starts; starts this process's sweeper."""
     _state.update(settings=settings, host=host, watcher=watcher)
     if "sweeper" not in _state:
         _state["sweeper"] = Sweeper(settings)
@@ -26,8 +26,6 @@ def configure(settings, host, watcher) -> None:
 
 def on_shutdown() -> None:
     """The worker is shutting down (SIGTERM): hand unfinished shards back at once."""
-    from workers import shard_runner
-
     host = _state.get("host")
     if host is not None:
         aborted = shard_runner.drain(host)
@@ -40,8 +38,6 @@ def on_shutdown() -> None:
 def register(app) -> None:
     @app.task(name=RUN_SHARD, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_RETRIES)
     def run_shard(self, shard_id: str) -> str:
-        from workers import shard_runner
-
         settings = _state["settings"]
         try:
             outcome = shard_runner.run_shard(settings, _state["host"], _state["watcher"], shard_id)

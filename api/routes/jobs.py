@@ -2,28 +2,24 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from flask import Blueprint, jsonify, request
 
 from api.auth import current_tenant
 from api.errors import ApiError
-from api.routes.common import (
-    cached_job_body,
-    check_content_length,
-    json_param,
-    limit_param,
-    list_body,
-    metadata_param,
-    reject_nul_bytes,
-    send_fs,
-    send_lines,
-    send_stored,
-    settings,
-    upload_chunks,
-    upload_filename,
-)
-from api.serializers import job_object
-from store import lifecycle
+from api.objects import JobList
+from api.platform import settings
+from api.routes.params import json_param, limit_param, metadata_param, reject_nul_bytes
+from api.routes.responses import cached_job_body, send_fs, send_lines, send_object, send_stored
+from api.routes.uploads import check_content_length, upload_chunks, upload_filename
+from api.serializers import job_object, page
+from broker.queue import enqueue_shards
+from store import cancel, files, jobs
 from store.models import JOB_STATUSES, TERMINAL_STATUSES
+from store.paths import errors_key, output_key
+from store.progress import job_progress
+from store.results.parts import results_store
 
 bp = Blueprint("jobs", __name__)
 bp.before_request(reject_nul_bytes)
@@ -31,8 +27,8 @@ bp.before_request(reject_nul_bytes)
 NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/json-lines", "text/plain")
 
 
-def _job_json(job):
-    return job_object(job, lifecycle.job_progress(settings(), job))
+def _job(job):
+    return job_object(job, job_progress(settings(), job))
 
 
 @bp.post("/v1/jobs")
@@ -57,11 +53,17 @@ def create_job():
         raise ApiError(400, "model is required", param="model")
     defaults = json_param(fields.get("defaults") or request.args.get("defaults"), "defaults")
     metadata = metadata_param(fields.get("metadata") or request.args.get("metadata"))
-    input_file = lifecycle.store_upload(cfg, chunks, tenant=tenant, filename=filename, purpose="batch")
-    job = lifecycle.create_job(
-        cfg, input_file, tenant=tenant, model=model, defaults=defaults, metadata=metadata
+    input_file = files.store_upload(cfg, chunks, tenant=tenant, filename=filename, purpose="batch")
+    job = jobs.create_job(
+        cfg,
+        input_file,
+        tenant=tenant,
+        enqueue=partial(enqueue_shards, cfg),
+        model=model,
+        defaults=defaults,
+        metadata=metadata,
     )
-    return jsonify(_job_json(job)), 201
+    return send_object(_job(job), 201)
 
 
 @bp.get("/v1/jobs")
@@ -69,10 +71,10 @@ def list_jobs():
     status = request.args.get("status") or None
     if status is not None and status not in JOB_STATUSES:
         raise ApiError(400, f"status must be one of {', '.join(JOB_STATUSES)}", param="status")
-    jobs, has_more = lifecycle.list_jobs(
+    found, has_more = jobs.list_jobs(
         settings(), current_tenant(), status=status, limit=limit_param(), after=request.args.get("after")
     )
-    return jsonify(list_body([_job_json(job) for job in jobs], has_more))
+    return send_object(page(JobList, [_job(job) for job in found], has_more))
 
 
 @bp.get("/v1/jobs/<job_id>")
@@ -82,34 +84,30 @@ def get_job(job_id: str):
 
 @bp.post("/v1/jobs/<job_id>/cancel")
 def cancel_job(job_id: str):
-    return jsonify(_job_json(lifecycle.cancel_job(settings(), current_tenant(), job_id)))
+    return send_object(_job(cancel.cancel_job(settings(), current_tenant(), job_id)))
 
 
 @bp.get("/v1/jobs/<job_id>/results")
 def get_results(job_id: str):
     """Parquet by default; ?format=jsonl for OpenAI-style output lines."""
-    job = lifecycle.get_job(settings(), current_tenant(), job_id)
+    job = jobs.get_job(settings(), current_tenant(), job_id)
     fmt = request.args.get("format", "parquet")
     if fmt not in ("parquet", "jsonl"):
         raise ApiError(400, "format must be parquet or jsonl", param="format")
     if job.status not in TERMINAL_STATUSES:
-        raise ApiError(
-            409, f"job {job_id} is {job.status}; results are ready when it finishes", code="not_ready"
-        )
+        raise ApiError(409, f"job {job_id} is {job.status}; results are ready when it finishes", code="not_ready")
     if fmt == "parquet":
-        store = lifecycle.results_store(settings())
-        return send_fs(
-            store.fs, store.merged_path(job.id), "application/vnd.apache.parquet", f"{job.id}.parquet"
-        )
+        store = results_store(settings())
+        return send_fs(store.fs, store.merged_path(job.id), "application/vnd.apache.parquet", f"{job.id}.parquet")
     if job.output_file_id is None:
         return send_lines(iter(()), f"{job.id}_output.jsonl")
-    return send_stored(lifecycle.output_key(job.id), "application/x-ndjson", f"{job.id}_output.jsonl")
+    return send_stored(output_key(job.id), "application/x-ndjson", f"{job.id}_output.jsonl")
 
 
 @bp.get("/v1/jobs/<job_id>/errors")
 def get_errors(job_id: str):
     """OpenAI-style error lines: the invalid lines at once, and the failed requests so far."""
-    job = lifecycle.get_job(settings(), current_tenant(), job_id)
+    job = jobs.get_job(settings(), current_tenant(), job_id)
     if job.status in TERMINAL_STATUSES and job.error_file_id:
-        return send_stored(lifecycle.errors_key(job.id), "application/x-ndjson", f"{job.id}_errors.jsonl")
-    return send_lines(lifecycle.results_store(settings()).iter_error_jsonl(job.id), f"{job.id}_errors.jsonl")
+        return send_stored(errors_key(job.id), "application/x-ndjson", f"{job.id}_errors.jsonl")
+    return send_lines(results_store(settings()).iter_error_jsonl(job.id), f"{job.id}_errors.jsonl")

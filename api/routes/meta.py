@@ -5,8 +5,10 @@ from __future__ import annotations
 from flask import Blueprint, jsonify
 from sqlalchemy import text
 
+from api.objects import Model, ModelList
 from api.openapi import openapi_document
-from api.routes.common import settings
+from api.platform import settings
+from api.routes.responses import send_object
 from store.db import get_engine
 
 bp = Blueprint("meta", __name__)
@@ -26,7 +28,4 @@ def healthz():
 
 @bp.get("/v1/models")
 def models():
-    data = [
-        {"id": name, "object": "model", "created": 0, "owned_by": "pagedbatch"} for name in settings().models
-    ]
-    return jsonify({"object": "list", "data": data})
+    return send_object(ModelList(data=[Model(id=name) for name in settings().models]))

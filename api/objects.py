@@ -1,0 +1,238 @@
+"""The API's objects as pydantic models: the one definition behind both the JSON the routes send
+(api.serializers) and the OpenAPI document's `components.schemas` (api.openapi).
+
+OpenAI's objects (File, Batch, ErrorResponse) follow the official `openai` client's types, field
+for field; Job is the native object. Every field is always sent, so every field is required in the
+document (nullable where it may be null), and no object carries properties it does not declare.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from store.models import JOB_STATUSES
+
+BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+COMPLETION_WINDOWS = ("24h",)
+METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's metadata limits
+
+JobStatus = Literal[JOB_STATUSES]  # OpenAI's batch statuses
+Timestamp = Annotated[int | None, Field(description="Unix seconds")]
+Metadata = Annotated[
+    dict[
+        Annotated[str, StringConstraints(max_length=METADATA_KEY_CHARS)],
+        Annotated[str, StringConstraints(max_length=METADATA_VALUE_CHARS)],
+    ]
+    | None,
+    Field(max_length=METADATA_PAIRS, description="Up to 16 string pairs (OpenAI's metadata)"),
+]
+
+
+class ApiObject(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_serialization_defaults_required=True, use_attribute_docstrings=True
+    )
+
+
+class Error(ApiObject):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(ApiObject):
+    """Every error the API answers: OpenAI's {"error": {...}}."""
+
+    error: Error
+
+
+class LineError(ApiObject):
+    """An input line that failed validation (OpenAI's BatchError)."""
+
+    code: str
+    message: str
+    param: str | None
+    line: int | None
+
+
+class File(ApiObject):
+    id: str
+    object: Literal["file"] = "file"
+    bytes: int
+    created_at: int = Field(description="Unix seconds")
+    filename: str
+    purpose: Literal["batch", "batch_output"]
+    status: Literal["uploaded", "processed", "error"] = "processed"
+    expires_at: Timestamp = None
+    status_details: str | None = None
+
+
+class BatchErrors(ApiObject):
+    object: Literal["list"] = "list"
+    data: list[LineError]
+
+
+class BatchRequestCounts(ApiObject):
+    total: int
+    completed: int
+    failed: int
+    """Requests that failed running, and input lines that failed validation"""
+
+
+class InputTokensDetails(ApiObject):
+    cached_tokens: int = 0
+
+
+class OutputTokensDetails(ApiObject):
+    reasoning_tokens: int = 0
+
+
+class BatchUsage(ApiObject):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails = InputTokensDetails()
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails = OutputTokensDetails()
+    total_tokens: int
+
+
+class Batch(ApiObject):
+    """OpenAI's Batch: a job seen through the OpenAI Batch API."""
+
+    id: str
+    object: Literal["batch"] = "batch"
+    endpoint: str
+    model: str | None
+    errors: BatchErrors | None
+    input_file_id: str
+    completion_window: str
+    status: JobStatus
+    output_file_id: str | None
+    error_file_id: str | None
+    created_at: int = Field(description="Unix seconds")
+    in_progress_at: Timestamp
+    expires_at: Timestamp
+    finalizing_at: Timestamp
+    completed_at: Timestamp
+    failed_at: Timestamp
+    expired_at: Timestamp
+    cancelling_at: Timestamp
+    cancelled_at: Timestamp
+    request_counts: BatchRequestCounts
+    usage: BatchUsage
+    metadata: Metadata
+
+
+class JobRequestCounts(ApiObject):
+    total: int
+    """Every input line"""
+    valid: int
+    invalid: int
+    """Lines that failed validation"""
+    completed: int
+    failed: int
+    """Valid requests that failed running"""
+    cancelled: int
+
+
+class JobUsage(ApiObject):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class Job(ApiObject):
+    """The native job: status, request counts, token usage, progress and timestamps."""
+
+    id: str
+    object: Literal["job"] = "job"
+    status: JobStatus
+    model: str | None
+    endpoint: str | None
+    defaults: dict[str, Any] | None
+    """Body fields every line gets unless it sets them"""
+    metadata: Metadata
+    input_file_id: str | None
+    output_file_id: str | None
+    error_file_id: str | None
+    request_counts: JobRequestCounts
+    usage: JobUsage
+    progress: float = Field(ge=0, le=1)
+    """Fraction of valid requests whose shard has finished"""
+    shards: int
+    errors: list[LineError]
+    """The first line errors"""
+    created_at: int = Field(description="Unix seconds")
+    in_progress_at: Timestamp
+    expires_at: Timestamp
+    finalizing_at: Timestamp
+    completed_at: Timestamp
+    failed_at: Timestamp
+    expired_at: Timestamp
+    cancelling_at: Timestamp
+    cancelled_at: Timestamp
+
+
+Item = TypeVar("Item", bound=ApiObject)
+
+
+class ListOf(ApiObject, Generic[Item]):
+    """A page of objects, newest first; `after=last_id` asks for the next page."""
+
+    object: Literal["list"] = "list"
+    data: list[Item]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class FileList(ListOf[File]):
+    pass
+
+
+class BatchList(ListOf[Batch]):
+    pass
+
+
+class JobList(ListOf[Job]):
+    pass
+
+
+class Model(ApiObject):
+    """A model this deployment serves (OpenAI's Model)."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str = "pagedbatch"
+
+
+class ModelList(ApiObject):
+    object: Literal["list"] = "list"
+    data: list[Model]
+
+
+class BatchCreate(ApiObject):
+    """The body of POST /v1/batches (OpenAI's batch create parameters)."""
+
+    model_config = ConfigDict(extra="allow")  # OpenAI's other parameters (output_expires_after) are ignored
+
+    input_file_id: str
+    endpoint: Literal[BATCH_ENDPOINTS]
+    completion_window: Literal[COMPLETION_WINDOWS]
+    metadata: Metadata = None
+
+
+RESPONSE_OBJECTS: tuple[type[ApiObject], ...] = (
+    ErrorResponse,
+    File,
+    Batch,
+    Job,
+    FileList,
+    BatchList,
+    JobList,
+    ModelList,
+)
+REQUEST_OBJECTS: tuple[type[ApiObject], ...] = (BatchCreate,)

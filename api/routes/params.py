@@ -1,0 +1,89 @@
+"""Query, form and JSON body parameters, checked: a bad one is a 400 naming it, never a 500."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from flask import request
+
+from api.errors import ApiError
+from api.objects import METADATA_KEY_CHARS, METADATA_PAIRS, METADATA_VALUE_CHARS
+
+MAX_PARAM_DEPTH = 32  # nesting of a JSON parameter (defaults); deeper is a 400, never a RecursionError
+
+
+def parse_json(text, what: str, param: str | None = None):
+    """JSON text (str or bytes) as a 400 when it is not JSON, however deeply it nests."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and bad UTF-8 are ValueErrors
+        raise ApiError(400, f"{what} is not valid JSON: {str(exc)[:200]}", param=param) from None
+
+
+def _check_json_value(value, name: str) -> None:
+    """No nesting past MAX_PARAM_DEPTH, no NUL characters and no NaN or infinities (jsonb refuses them)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_PARAM_DEPTH:
+            raise ApiError(400, f"{name} nests deeper than {MAX_PARAM_DEPTH} levels", param=name)
+        if isinstance(item, dict):
+            stack.extend((k, depth) for k in item)
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+        elif isinstance(item, str) and "\x00" in item:
+            raise ApiError(400, f"{name} must not contain NUL characters", param=name)
+        elif isinstance(item, float) and not math.isfinite(item):  # NaN, Infinity, 1e999: not JSON
+            raise ApiError(400, f"{name} must hold finite numbers only", param=name)
+
+
+def json_param(value, name: str) -> dict | None:
+    """A JSON object given as a form field or query argument (a string) or inline in a JSON body."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        value = parse_json(value, name, name)
+    if not isinstance(value, dict):
+        raise ApiError(400, f"{name} must be a JSON object", param=name)
+    _check_json_value(value, name)
+    return value
+
+
+def metadata_param(value) -> dict | None:
+    """OpenAI's metadata: at most 16 pairs of strings, keys up to 64 and values up to 512 characters."""
+    metadata = json_param(value, "metadata")
+    if metadata is None:
+        return None
+    if len(metadata) > METADATA_PAIRS:
+        raise ApiError(400, f"metadata holds at most {METADATA_PAIRS} pairs", param="metadata")
+    for key, item in metadata.items():
+        if not isinstance(item, str):
+            raise ApiError(400, f"metadata[{key!r:.70}] must be a string", param="metadata")
+        if len(key) > METADATA_KEY_CHARS or len(item) > METADATA_VALUE_CHARS:
+            raise ApiError(
+                400,
+                f"metadata keys are at most {METADATA_KEY_CHARS} and values at most "
+                f"{METADATA_VALUE_CHARS} characters",
+                param="metadata",
+            )
+    return metadata
+
+
+def reject_nul_bytes() -> None:
+    """A NUL in a path id or query argument is a 400: PostgreSQL text cannot hold one."""
+    for name, value in [*(request.view_args or {}).items(), *request.args.items(multi=True)]:
+        if isinstance(value, str) and "\x00" in value:
+            raise ApiError(400, f"{name} must not contain NUL characters", param=name)
+
+
+def limit_param(default: int = 20, maximum: int = 100) -> int:
+    raw = request.args.get("limit", default)
+    try:
+        limit = int(raw)
+    except (TypeError, ValueError):
+        raise ApiError(400, "limit must be an integer", param="limit") from None
+    if not 1 <= limit <= maximum:
+        raise ApiError(400, f"limit must be between 1 and {maximum}", param="limit")
+    return limit

@@ -1,0 +1,89 @@
+"""Reading a JSONL input line by line under size limits, and counting its lines cheaply."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO
+
+from batchfile.errors import InputTooLarge
+
+DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
+_BOM = b"\xef\xbb\xbf"
+
+
+def read_lines(
+    stream: IO[bytes],
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    max_lines: int | None = None,
+    max_bytes: int | None = None,
+) -> Iterator[tuple[int, bytes | None]]:
+    """Yield (line number, content) for non-blank lines; content None when over `max_line_bytes`.
+
+    Never holds more than one line. Raises `InputTooLarge` past `max_lines` non-blank lines or
+    `max_bytes` bytes.
+    """
+    number, total, count = 0, 0, 0
+
+    def account(size: int) -> None:
+        nonlocal total
+        total += size
+        if max_bytes is not None and total > max_bytes:
+            raise InputTooLarge("bytes", max_bytes, total)
+
+    while True:
+        raw = stream.readline(max_line_bytes + 2)  # content, maybe "\r", and "\n"
+        if not raw:
+            return
+        number += 1
+        account(len(raw))
+        if number == 1 and raw.startswith(_BOM):
+            raw = raw[len(_BOM) :]
+        too_long = False
+        if not raw.endswith(b"\n") and len(raw) == max_line_bytes + 2:
+            too_long = True
+            while True:  # skip the rest of the line without holding it
+                rest = stream.readline(1 << 20)
+                account(len(rest))
+                if not rest or rest.endswith(b"\n"):
+                    break
+        content = raw.rstrip(b"\r\n")
+        too_long = too_long or len(content) > max_line_bytes
+        if not too_long and not content.strip():
+            continue
+        count += 1
+        if max_lines is not None and count > max_lines:
+            raise InputTooLarge("lines", max_lines, count)
+        yield number, None if too_long else content
+
+
+@dataclass
+class LineCount:
+    lines: int  # non-blank lines
+    bytes: int
+
+
+def count_lines(stream: IO[bytes], *, max_lines: int | None = None, max_bytes: int | None = None) -> LineCount:
+    """Count non-blank lines and bytes in one cheap pass, raising `InputTooLarge` over a limit."""
+    lines = total = 0
+    pending = False  # the current, unfinished line has non-blank content
+    while chunk := stream.read(1 << 20):
+        if total == 0 and chunk.startswith(_BOM):
+            chunk = chunk[len(_BOM) :]
+            total += len(_BOM)
+        total += len(chunk)
+        if max_bytes is not None and total > max_bytes:
+            raise InputTooLarge("bytes", max_bytes, total)
+        *complete, last = chunk.split(b"\n")
+        for piece in complete:
+            if pending or piece.strip():
+                lines += 1
+            pending = False
+        pending = pending or bool(last.strip())
+        if max_lines is not None and lines > max_lines:
+            raise InputTooLarge("lines", max_lines, lines)
+    if pending:
+        lines += 1
+        if max_lines is not None and lines > max_lines:
+            raise InputTooLarge("lines", max_lines, lines)
+    return LineCount(lines, total)

@@ -1,0 +1,25 @@
+"""A validated request line, ready for the engine, and the endpoints a line may target."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+CHAT_URL = "/v1/chat/completions"
+COMPLETIONS_URL = "/v1/completions"
+URLS = (CHAT_URL, COMPLETIONS_URL)
+
+
+@dataclass
+class ParsedRequest:
+    line: int
+    custom_id: str
+    url: str
+    model: str  # the name of the model that serves it (the forced model's name when one is forced)
+    prompt_token_ids: list[int]
+    sampling_params: Any  # engine.SamplingParams
+    body: dict  # the line's body as uploaded (before job defaults)
+
+    @property
+    def is_chat(self) -> bool:
+        return self.url == CHAT_URL

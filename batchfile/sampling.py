@@ -1,0 +1,156 @@
+"""A request body's generation fields (OpenAI's and vLLM's names) as `SamplingParams` arguments."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from batchfile.errors import INVALID_PARAMETER, UNSUPPORTED_PARAMETER, InvalidLine
+from batchfile.fields import (
+    MAX_INT32,
+    as_bool,
+    as_float,
+    as_int,
+    as_stop,
+    as_token_ids,
+    bounded_int,
+)
+from batchfile.request import CHAT_URL
+
+MAX_N = 128
+MAX_LOGPROBS = 20
+# OpenAI's default for /v1/completions; chat defaults to the rest of the context.
+DEFAULT_COMPLETIONS_MAX_TOKENS = 16
+
+# body field -> (SamplingParams field, converter)
+_SAMPLING_FIELDS = {
+    "max_tokens": ("max_tokens", as_int),
+    "max_completion_tokens": ("max_tokens", as_int),
+    "temperature": ("temperature", as_float),
+    "top_p": ("top_p", as_float),
+    "n": ("n", bounded_int(1, MAX_N)),
+    "stop": ("stop", as_stop),
+    "seed": ("seed", bounded_int(-(2**63), 2**63 - 1)),
+    "presence_penalty": ("presence_penalty", as_float),
+    "frequency_penalty": ("frequency_penalty", as_float),
+    "top_k": ("top_k", bounded_int(-1, MAX_INT32)),
+    "min_p": ("min_p", as_float),
+    "min_tokens": ("min_tokens", as_int),
+    "repetition_penalty": ("repetition_penalty", as_float),
+    "ignore_eos": ("ignore_eos", as_bool),
+    "stop_token_ids": ("stop_token_ids", as_token_ids),
+    "skip_special_tokens": ("skip_special_tokens", as_bool),
+}
+
+
+def _always(value) -> bool:
+    return True
+
+
+def _falsy(value) -> bool:
+    return not value
+
+
+def _none(value) -> bool:
+    return value is None
+
+
+# Fields OpenAI clients send that do not change generation here: ignored when the value is harmless.
+_IGNORED_FIELDS = {
+    "user": _always,
+    "metadata": _always,
+    "store": _always,
+    "service_tier": _always,
+    "prompt_cache_key": _always,
+    "safety_identifier": _always,
+    "parallel_tool_calls": _always,
+    "stream": lambda v: v is None or v is False,
+    "stream_options": _none,
+    "logit_bias": _falsy,
+    "tools": _falsy,
+    "functions": _falsy,
+    "tool_choice": lambda v: v in (None, "none", "auto"),
+    "function_call": lambda v: v in (None, "none", "auto"),
+    "response_format": lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
+    "modalities": lambda v: v is None or v == ["text"],
+    "echo": lambda v: v is None or v is False,
+    "suffix": _falsy,
+    "best_of": lambda v: v is None or v == 1,
+    "prediction": _none,
+    "audio": _none,
+    "reasoning_effort": _none,
+    "web_search_options": _none,
+}
+# Fields read with the prompt rather than mapped onto SamplingParams.
+_CHAT_OWN = frozenset({"model", "messages", "chat_template_kwargs", "add_special_tokens"})
+_COMPLETIONS_OWN = frozenset({"model", "prompt", "add_special_tokens"})
+_OTHER_ENDPOINT = frozenset({"messages", "prompt", "top_logprobs", "chat_template_kwargs"})
+
+
+def sampling_kwargs(body: Mapping, url: str) -> tuple[dict, bool]:
+    """SamplingParams keyword arguments from the body's fields, and whether max_tokens was given.
+
+    Without max_tokens a completion gets OpenAI's default and a chat request None (the rest of
+    the context, known once the prompt is tokenized).
+    """
+    kwargs: dict = {}
+    chat = url == CHAT_URL
+    own = _CHAT_OWN if chat else _COMPLETIONS_OWN
+    for key, value in body.items():
+        if key not in own and value is not None:
+            _map_field(key, value, url, chat, kwargs)
+    if chat:
+        _chat_logprobs(body, kwargs)
+    mt, mct = body.get("max_tokens"), body.get("max_completion_tokens")
+    if mt is not None and mct is not None and mt != mct:
+        raise InvalidLine(INVALID_PARAMETER, f"max_tokens ({mt}) and max_completion_tokens ({mct}) disagree")
+    explicit = "max_tokens" in kwargs
+    if not explicit:
+        kwargs["max_tokens"] = None if chat else DEFAULT_COMPLETIONS_MAX_TOKENS
+    return kwargs, explicit
+
+
+def _map_field(key: str, value, url: str, chat: bool, kwargs: dict) -> None:
+    field = _SAMPLING_FIELDS.get(key)
+    if field is not None:
+        kwargs[field[0]] = field[1](key, value)
+    elif key == "logprobs":
+        if chat:
+            as_bool(key, value)
+        else:
+            kwargs["logprobs"] = bounded_int(0, MAX_LOGPROBS)(key, value)
+    elif key == "top_logprobs" and chat:
+        bounded_int(0, MAX_LOGPROBS)(key, value)
+    elif key in _IGNORED_FIELDS:
+        if not _IGNORED_FIELDS[key](value):
+            if key == "stream":
+                raise InvalidLine(UNSUPPORTED_PARAMETER, "stream=true is not supported in a batch request")
+            raise InvalidLine(UNSUPPORTED_PARAMETER, f"{key}={json.dumps(value)[:60]} is not supported")
+    elif key in _OTHER_ENDPOINT:
+        raise InvalidLine(UNSUPPORTED_PARAMETER, f"{key} is not a parameter of {url}")
+    else:
+        raise InvalidLine(UNSUPPORTED_PARAMETER, f"unknown parameter {key!r:.60}")
+
+
+def _chat_logprobs(body: Mapping, kwargs: dict) -> None:
+    """Chat asks with ``logprobs: true`` plus ``top_logprobs: k``; the engine takes k (0: the
+    sampled token's only)."""
+    wants = body.get("logprobs") is True
+    top = body.get("top_logprobs")
+    if top is not None and not wants:
+        raise InvalidLine(INVALID_PARAMETER, "top_logprobs requires logprobs=true")
+    if wants:
+        kwargs["logprobs"] = top or 0
+
+
+def merge_defaults(body: dict, defaults: Mapping | None) -> dict:
+    """The job's default body fields under the line's own; a line's max_tokens or
+    max_completion_tokens replaces both defaults."""
+    if not defaults:
+        return body
+    merged = dict(defaults)
+    if body.get("max_tokens") is not None or body.get("max_completion_tokens") is not None:
+        merged.pop("max_tokens", None)
+        merged.pop("max_completion_tokens", None)
+    merged.update((k, v) for k, v in body.items() if v is not None)
+    return merged

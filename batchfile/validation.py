@@ -1,0 +1,216 @@
+"""Validating one request line: the envelope (custom_id, method, url), the model, the prompt
+(messages or prompt) and the generation fields, then the fit in the model's context once the
+prompt is tokenized."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from batchfile.errors import (
+    CONTEXT_LENGTH_EXCEEDED,
+    DUPLICATE_CUSTOM_ID,
+    INVALID_CUSTOM_ID,
+    INVALID_JSON,
+    INVALID_MESSAGES,
+    INVALID_METHOD,
+    INVALID_PARAMETER,
+    INVALID_PROMPT,
+    INVALID_REQUEST,
+    INVALID_URL,
+    INVALID_UTF8,
+    LINE_TOO_LONG,
+    MISSING_MODEL,
+    MODEL_NOT_FOUND,
+    InvalidLine,
+    LineError,
+)
+from batchfile.fields import as_bool, messages_of, prompt_of, type_name
+from batchfile.model_limits import ModelLimits
+from batchfile.request import CHAT_URL, URLS, ParsedRequest
+from batchfile.sampling import merge_defaults, sampling_kwargs
+from engine.sampling_params import SamplingParams
+
+MAX_CUSTOM_ID_LENGTH = 512
+
+
+@dataclass
+class Pending:
+    """A line that passed the JSON checks and waits for batched rendering/tokenization."""
+
+    line: int
+    custom_id: str
+    url: str
+    limits: ModelLimits
+    body: dict  # as uploaded
+    sampling: Any  # SamplingParams; max_tokens None until the prompt length is known (chat default)
+    explicit_max_tokens: bool
+    messages: list | None = None
+    template_kwargs: dict | None = None
+    text: str | None = None
+    add_special_tokens: bool = False
+    token_ids: list[int] | None = None
+
+
+def _reject_constant(name: str):
+    raise InvalidLine(INVALID_JSON, f"line is not valid JSON: {name} is not allowed")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def _parse_json(content: bytes):
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidLine(INVALID_UTF8, f"line is not valid UTF-8 (byte {e.start})") from None
+    try:
+        return _DECODER.decode(text)
+    except InvalidLine:
+        raise
+    except (ValueError, RecursionError) as e:
+        raise InvalidLine(INVALID_JSON, f"line is not valid JSON: {str(e)[:200]}") from None
+
+
+class LineValidator:
+    """Validates the lines of one input in order (it remembers the custom_ids it has seen).
+
+    `models`: the known models by name (body.model must name one), or one `ModelLimits` that
+    serves every line whatever its body.model says. `defaults`: job-level body fields that a
+    line's own fields override.
+    """
+
+    def __init__(self, models: ModelLimits | Mapping[str, ModelLimits], defaults: Mapping | None = None):
+        if isinstance(models, ModelLimits):
+            self.forced: ModelLimits | None = models
+            self.models: Mapping[str, ModelLimits] = {models.name: models}
+        else:
+            self.forced, self.models = None, models
+        self.defaults = defaults
+        self.seen: set[str] = set()
+
+    def check_line(self, line: int, content: bytes | None, max_line_bytes: int) -> Pending | LineError:
+        """Everything but the prompt's length; `content` None means the line was too long."""
+        if content is None:
+            message = f"line is longer than the limit of {max_line_bytes:,} bytes"
+            return LineError(line, None, LINE_TOO_LONG, message)
+        custom_id = None
+        try:
+            custom_id, obj = self._envelope(content)
+            return self._check(line, custom_id, obj)
+        except InvalidLine as e:
+            return LineError(line, custom_id, e.code, e.message)
+
+    def _envelope(self, content: bytes) -> tuple[str, dict]:
+        obj = _parse_json(content)
+        if not isinstance(obj, dict):
+            raise InvalidLine(INVALID_REQUEST, f"line must be a JSON object, got {type_name(obj)}")
+        custom_id = obj.get("custom_id")
+        if not isinstance(custom_id, str):
+            why = "missing" if custom_id is None else f"must be a string, got {type_name(custom_id)}"
+            raise InvalidLine(INVALID_CUSTOM_ID, f"custom_id {why}")
+        if not custom_id.strip():
+            raise InvalidLine(INVALID_CUSTOM_ID, "custom_id must not be empty")
+        if len(custom_id) > MAX_CUSTOM_ID_LENGTH:
+            raise InvalidLine(INVALID_CUSTOM_ID, f"custom_id is longer than {MAX_CUSTOM_ID_LENGTH} characters")
+        return custom_id, obj
+
+    def _check(self, line: int, custom_id: str, obj: dict) -> Pending:
+        if custom_id in self.seen:
+            raise InvalidLine(DUPLICATE_CUSTOM_ID, f"duplicate custom_id {custom_id!r:.80}")
+        self.seen.add(custom_id)
+        method = obj.get("method")
+        if method != "POST":
+            raise InvalidLine(INVALID_METHOD, f'method must be "POST", got {method!r:.40}')
+        url = obj.get("url")
+        if url not in URLS:
+            raise InvalidLine(INVALID_URL, f"url must be one of {', '.join(URLS)}, got {url!r:.80}")
+        raw_body = obj.get("body")
+        if not isinstance(raw_body, dict):
+            raise InvalidLine(INVALID_REQUEST, f"body must be a JSON object, got {type_name(raw_body)}")
+        body = merge_defaults(raw_body, self.defaults)
+        limits = self._model(body.get("model"))
+        params, explicit = sampling_kwargs(body, url)
+        try:
+            sampling = SamplingParams(**params)
+        except (ValueError, TypeError) as e:
+            raise InvalidLine(INVALID_PARAMETER, str(e)) from None
+        pending = Pending(line, custom_id, url, limits, raw_body, sampling, explicit)
+        _read_prompt(pending, body)
+        return pending
+
+    def _model(self, name) -> ModelLimits:
+        if self.forced is not None:
+            return self.forced
+        if name is None:
+            raise InvalidLine(MISSING_MODEL, "body.model is required")
+        limits = self.models.get(name) if isinstance(name, str) else None
+        if limits is None:
+            known = ", ".join(sorted(self.models)[:10]) or "none"
+            raise InvalidLine(MODEL_NOT_FOUND, f"unknown model {name!r:.80}; available: {known}")
+        return limits
+
+
+def _read_prompt(pending: Pending, body: dict) -> None:
+    special = body.get("add_special_tokens")
+    if special is not None:
+        as_bool("add_special_tokens", special)
+    if pending.url == CHAT_URL:
+        pending.messages = messages_of(body.get("messages"))
+        kwargs = body.get("chat_template_kwargs")
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise InvalidLine(INVALID_PARAMETER, "chat_template_kwargs must be an object")
+        pending.template_kwargs = kwargs or None
+        pending.add_special_tokens = bool(special)
+    else:
+        pending.text, pending.token_ids = prompt_of(body.get("prompt"), pending.limits.vocab_size)
+        pending.add_special_tokens = special is not False  # vLLM's default for raw prompts
+
+
+def finish(pending: Pending) -> ParsedRequest:
+    """The request, once its prompt is tokenized: the prompt must leave room in the context for
+    max_tokens (chat without max_tokens gets the rest of the context)."""
+    _fit_context(pending, pending.token_ids)
+    return ParsedRequest(
+        pending.line,
+        pending.custom_id,
+        pending.url,
+        pending.limits.name,
+        pending.token_ids,
+        pending.sampling,
+        pending.body,
+    )
+
+
+def _fit_context(pending: Pending, ids: list[int]) -> None:
+    sampling, limit = pending.sampling, pending.limits.max_model_len
+    if not ids:
+        chat = pending.url == CHAT_URL
+        raise InvalidLine(
+            INVALID_MESSAGES if chat else INVALID_PROMPT,
+            f"{'messages' if chat else 'prompt'} tokenized to nothing",
+        )
+    n = len(ids)
+    if n >= limit:
+        raise InvalidLine(
+            CONTEXT_LENGTH_EXCEEDED,
+            f"the prompt is {n} tokens; the model's context length is {limit} tokens, "
+            "which must also fit at least one generated token",
+        )
+    if sampling.max_tokens is None:
+        sampling.max_tokens = limit - n
+        if sampling.min_tokens > sampling.max_tokens:
+            raise InvalidLine(
+                INVALID_PARAMETER,
+                f"min_tokens ({sampling.min_tokens}) is more than the {limit - n} tokens left "
+                f"in the model's context after the {n}-token prompt",
+            )
+    elif n + sampling.max_tokens > limit:
+        default = "" if pending.explicit_max_tokens else ", the default"
+        raise InvalidLine(
+            CONTEXT_LENGTH_EXCEEDED,
+            f"the prompt ({n} tokens) plus max_tokens ({sampling.max_tokens}{default}) is "
+            f"{n + sampling.max_tokens} tokens, more than the model's context length of {limit}",
+        )

@@ -1,0 +1,35 @@
+"""Conversations to prompt text through the tokenizer's public `apply_chat_template`, without torch.
+
+The engine's `LLM.chat` and the batch validator both render here, so a chat request gets the
+same prompt whichever path runs it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Mapping
+
+
+def render_chat(tokenizer, conversations: list[list[dict]], template_kwargs: Mapping | None = None) -> list[str]:
+    """Each conversation through the chat template, with the generation prompt appended.
+
+    Rendered in one `apply_chat_template` call. `template_kwargs` are variables for the template
+    (such as Qwen3's ``enable_thinking``); they may not set `apply_chat_template`'s own arguments.
+    """
+    if not conversations:
+        return []
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model's tokenizer has no chat template; use completions instead")
+    kwargs = dict(template_kwargs or {})
+    reserved = sorted(kwargs.keys() & _own_arguments(type(tokenizer)))
+    if reserved:
+        raise ValueError(f"chat template variables may not set {', '.join(reserved)}")
+    texts = tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True, **kwargs)
+    return [texts] if isinstance(texts, str) else list(texts)
+
+
+@functools.cache
+def _own_arguments(tokenizer_class: type) -> frozenset[str]:
+    parameters = inspect.signature(tokenizer_class.apply_chat_template).parameters.values()
+    return frozenset(p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD)

@@ -1,0 +1,54 @@
+"""What a model's Hugging Face `config.json` says, read without torch.
+
+The engine (`ModelConfig`) and the request validator (`batchfile.ModelLimits`) both read the
+context length here, so a request the validator accepts always fits the engine that runs it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+
+def read_config(model_dir: str | Path) -> dict:
+    """The parsed `config.json` of a local model directory."""
+    config_file = Path(model_dir) / "config.json"
+    if not config_file.exists():
+        raise ValueError(f"{model_dir} has no config.json; is it a Hugging Face model directory?")
+    return json.loads(config_file.read_text())
+
+
+def _text_config(config: Mapping) -> Mapping:
+    """The language model's part of a config: the config itself, or the `text_config` of a
+    multimodal one."""
+    inner = config.get("text_config")
+    if "max_position_embeddings" not in config and isinstance(inner, Mapping):
+        return inner
+    return config
+
+
+def context_length(config: Mapping, max_model_len: int | None = None) -> int:
+    """The longest sequence (prompt plus output) the model takes: `max_position_embeddings`,
+    capped by an active `sliding_window` (attention here never slides), then by `max_model_len`.
+
+    A config without `max_position_embeddings` is an error rather than a guess: transformers'
+    default differs per architecture (2,048 for Llama, 32,768 for Qwen2), and `save_pretrained`
+    always writes the key.
+    """
+    cfg = _text_config(config)
+    length = cfg.get("max_position_embeddings")
+    if not _positive_int(length):
+        raise ValueError("config.json has no usable max_position_embeddings")
+    window = cfg.get("sliding_window")
+    if cfg.get("use_sliding_window", True) and _positive_int(window):
+        length = min(length, window)
+    if max_model_len is not None:
+        if max_model_len > length:
+            raise ValueError(f"max_model_len={max_model_len} exceeds the model's context length {length}")
+        length = max_model_len
+    return length
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0

@@ -1,0 +1,50 @@
+"""Commands that run the engine in this process, with no servers: `tiny-model` and `run`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+from pagedbatch.engine_options import add_engine_options, engine_kwargs
+
+
+def _tiny_model(args) -> int:
+    from engine.tiny import write_tiny_model
+
+    print(write_tiny_model(args.path, arch=args.arch, seed=args.seed))
+    return 0
+
+
+def _run(args) -> int:
+    from workers.offline import run_offline
+
+    summary = run_offline(
+        args.input,
+        args.output,
+        args.model,
+        progress=not args.quiet,
+        engine_kwargs=engine_kwargs(args),
+        defaults=json.loads(args.defaults) if args.defaults else None,
+        model_name=args.model_name,
+    )
+    print(json.dumps(dataclasses.asdict(summary)), file=sys.stderr)
+    return 0
+
+
+def add_commands(commands) -> None:
+    tiny = commands.add_parser("tiny-model", help="write a tiny random-weight model directory")
+    tiny.add_argument("path")
+    tiny.add_argument("--arch", default="qwen3", choices=["llama", "mistral", "qwen2", "qwen3"])
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(func=_tiny_model)
+
+    run = commands.add_parser("run", help="offline: run a JSONL file through the engine into Parquet, no servers")
+    run.add_argument("input")
+    run.add_argument("-o", "--output", required=True)
+    run.add_argument("--model", required=True, help="model directory")
+    run.add_argument("--model-name", default=None, help="the model name in responses (default: directory name)")
+    run.add_argument("--defaults", help="JSON object of default body fields")
+    run.add_argument("-q", "--quiet", action="store_true")
+    add_engine_options(run)
+    run.set_defaults(func=_run)

@@ -1,0 +1,169 @@
+"""Finalize a job once every shard is finished: counts from the written parts, the merged Parquet file,
+the OpenAI output and error files, the final status.
+
+Safe to call from many places at once (every worker finishing a shard, the sweeper, a cancel): the job
+row lock lets exactly one caller do it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select
+
+from batchfile.shard_input import decode_request
+from store.db import session_scope
+from store.files import register_file
+from store.models import (
+    CANCELLED,
+    CANCELLING,
+    COMPLETED,
+    EXPIRED,
+    FINALIZING,
+    IN_PROGRESS,
+    SHARD_CANCELLED,
+    SHARD_DONE,
+    TERMINAL_STATUSES,
+    File,
+    Job,
+    Shard,
+    utcnow,
+)
+from store.paths import errors_key, output_key
+from store.results.parquet import ResultCounts
+from store.results.parts import ResultsStore, results_store
+from store.results.rows import cancelled_row, expired_row
+from store.settings import Settings
+from store.storage import get_storage
+
+STALE_FINALIZE = timedelta(minutes=10)  # a finalizer silent this long is presumed dead
+
+
+@dataclass
+class _Finalization:
+    target: str  # the final status: completed, cancelled or expired
+    tenant: str
+    created_at: datetime
+    never_run: list[tuple[str, str]]  # (shard id, input key) of the shards stopped before they ran
+
+
+def maybe_finalize(settings: Settings, job_id: str) -> bool:
+    """Finalize the job if every shard is finished; True when this call did it."""
+    plan = _start(settings, job_id)
+    if plan is None:
+        return False
+    store = results_store(settings)
+    for shard_id, input_key in plan.never_run:
+        _write_never_run_part(settings, store, job_id, shard_id, input_key, plan)
+    counts, output_file, error_file = _write_final_files(settings, job_id, plan.tenant)
+    with session_scope(settings.database_url) as s:
+        job = s.get(Job, job_id, with_for_update=True)
+        if job.status in TERMINAL_STATUSES:
+            return False
+        _set_counts(job, counts)
+        job.output_file_id = output_file.id if output_file else None
+        job.error_file_id = error_file.id if error_file else None
+        job.status = plan.target
+        if plan.target == COMPLETED:
+            job.completed_at = utcnow()
+        elif plan.target == CANCELLED:
+            job.cancelled_at = utcnow()
+    return True
+
+
+def _start(settings: Settings, job_id: str) -> _Finalization | None:
+    """Under the job row's lock: claim the finalization if the job is ready for it and nobody else is at it."""
+    with session_scope(settings.database_url) as s:
+        job = s.get(Job, job_id, with_for_update=True)
+        if job is None or not _finalizable(job):
+            return None
+        unfinished = s.scalar(
+            select(func.count())
+            .select_from(Shard)
+            .where(Shard.job_id == job_id, Shard.status.not_in((SHARD_DONE, SHARD_CANCELLED)))
+        )
+        if unfinished:
+            return None
+        if job.expired_at is not None:
+            target = EXPIRED
+        else:
+            target = CANCELLED if job.cancelling_at is not None else COMPLETED
+        if target == COMPLETED:  # visible as "finalizing" while the files are written
+            job.status = FINALIZING
+        job.finalizing_at = utcnow()
+        never_run = s.execute(
+            select(Shard.id, Shard.input_key).where(
+                Shard.job_id == job_id, Shard.status == SHARD_CANCELLED, Shard.part_key.is_(None)
+            )
+        )
+        return _Finalization(target, job.tenant, job.created_at, [tuple(row) for row in never_run])
+
+
+def _finalizable(job: Job) -> bool:
+    if job.status not in (IN_PROGRESS, CANCELLING, FINALIZING):
+        return False
+    if job.status == CANCELLING and job.in_progress_at is None:
+        return False  # cancelled while validating: create_job finalizes it when validation ends
+    # `finalizing_at` marks a finalizer at work; one silent for too long is presumed dead
+    return job.finalizing_at is None or utcnow() - job.finalizing_at > STALE_FINALIZE
+
+
+def _write_never_run_part(
+    settings: Settings, store: ResultsStore, job_id: str, shard_id: str, input_key: str, plan: _Finalization
+) -> None:
+    """A shard stopped before it ran: a cancelled (or expired) row per request, so every line has a row."""
+    make_row = expired_row if plan.target == EXPIRED else cancelled_row
+    with get_storage(settings.storage_url).open_read(input_key) as f:
+        rows = [
+            make_row(decode_request(line), shard_id=shard_id, created_at=plan.created_at) for line in f if line.strip()
+        ]
+    path = store.write_part(job_id, shard_id, rows)
+    with session_scope(settings.database_url) as s:
+        s.get(Shard, shard_id).part_key = path
+
+
+def finalize_failed(settings: Settings, job_id: str) -> None:
+    """A job that failed validation: its counts and error file (the job is already `failed`)."""
+    with session_scope(settings.database_url) as s:
+        tenant = s.get(Job, job_id).tenant
+    counts, _, error_file = _write_final_files(settings, job_id, tenant, output=False)
+    with session_scope(settings.database_url) as s:
+        job = s.get(Job, job_id)
+        _set_counts(job, counts)
+        job.error_file_id = error_file.id if error_file else None
+
+
+def _set_counts(job: Job, counts: ResultCounts) -> None:
+    job.request_completed = counts.completed
+    job.request_failed = counts.failed
+    job.request_cancelled = counts.cancelled
+    job.prompt_tokens = counts.prompt_tokens
+    job.completion_tokens = counts.completion_tokens
+
+
+def _write_final_files(
+    settings: Settings, job_id: str, tenant: str, output: bool = True
+) -> tuple[ResultCounts, File | None, File | None]:
+    """Merge the parts into one Parquet file; write the OpenAI output and error files; count rows."""
+    store = results_store(settings)
+    store.merge(job_id)
+    counts = store.count(job_id)
+    output_file = error_file = None
+    if output:
+        output_file = _write_jsonl_file(
+            settings, tenant, output_key(job_id), store.iter_output_jsonl(job_id), f"{job_id}_output.jsonl"
+        )
+    if counts.failed or counts.cancelled:
+        error_file = _write_jsonl_file(
+            settings, tenant, errors_key(job_id), store.iter_error_jsonl(job_id), f"{job_id}_error.jsonl"
+        )
+    return counts, output_file, error_file
+
+
+def _write_jsonl_file(settings: Settings, tenant: str, key: str, lines: Iterator[str], filename: str) -> File:
+    with get_storage(settings.storage_url).open_write(key) as out:
+        for line in lines:
+            out.write(line.encode())
+    return register_file(settings, tenant=tenant, key=key, filename=filename, purpose="batch_output")

@@ -1,0 +1,68 @@
+"""OpenAI batch output and error lines from result rows, streamed batch by batch.
+
+A line's id and request id derive from a seed (the job id) and the line number, so a file produced
+again is identical.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from batchfile.errors import REQUEST_ERROR_CODES
+from batchfile.responses import batch_error_line
+from store.results.parquet import read_batches
+from store.results.rows import COMPLETED, FAILED
+from store.storage import url_to_fs
+
+JSONL_COLUMNS = ["custom_id", "line", "status", "error_code", "error_message", "response_body"]
+
+
+def _line_ids(seed: str, line: int) -> tuple[str, str]:
+    """The output line's id and its request id."""
+    digest = hashlib.blake2b(f"{seed}:{line}".encode(), digest_size=32, person=b"pagedbatch-ids").hexdigest()
+    return "batch_req_" + digest[:32], "req_" + digest[32:]
+
+
+def _output_line(row: dict, line_id: str, request_id: str) -> str:
+    """`batch_output_line` as text, with the stored response body spliced in rather than parsed and re-encoded."""
+    response = {"status_code": 200, "request_id": request_id}
+    head = json.dumps({"id": line_id, "custom_id": row["custom_id"], "response": response}, ensure_ascii=False)
+    return f'{head[:-2]}, "body": {row["response_body"]}}}, "error": null}}\n'
+
+
+def _error_line(row: dict, line_id: str, request_id: str) -> str:
+    # Lines the API rejected look like OpenAI's HTTP 400s; cancelled or engine failures carry no
+    # response, only an error.
+    status_code = 400 if row["status"] == FAILED and row["error_code"] in REQUEST_ERROR_CODES else None
+    obj = batch_error_line(
+        row["custom_id"], row["error_code"] or "error", row["error_message"] or "",
+        status_code=status_code, line_id=line_id, request_id=request_id,
+    )  # fmt: skip
+    return json.dumps(obj, ensure_ascii=False) + "\n"
+
+
+def jsonl_lines(batches: Iterable[pa.RecordBatch], seed: str, *, errors: bool) -> Iterator[str]:
+    """Output lines of the completed rows, or (`errors`) error lines of the others, in row order.
+    The batches hold `JSONL_COLUMNS`."""
+    make_line = _error_line if errors else _output_line
+    for batch in batches:
+        completed = pc.equal(batch.column("status"), COMPLETED)
+        for row in batch.filter(pc.invert(completed) if errors else completed).to_pylist():
+            yield make_line(row, *_line_ids(seed, row["line"]))
+
+
+def iter_output_jsonl(url: str, *, id_seed: str = "", storage_options: dict | None = None) -> Iterator[str]:
+    """OpenAI batch output lines (completed rows) of one Parquet results file."""
+    fs, path = url_to_fs(url, storage_options)
+    return jsonl_lines(read_batches(fs, [path], JSONL_COLUMNS), id_seed, errors=False)
+
+
+def iter_error_jsonl(url: str, *, id_seed: str = "", storage_options: dict | None = None) -> Iterator[str]:
+    """OpenAI batch error lines (failed and cancelled rows) of one Parquet results file."""
+    fs, path = url_to_fs(url, storage_options)
+    return jsonl_lines(read_batches(fs, [path], JSONL_COLUMNS), id_seed, errors=True)

@@ -1,0 +1,140 @@
+"""`ResultsStore`: the Parquet parts of jobs (one per shard), their merge, and a job's OpenAI JSONL."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterable, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from store.results.jsonl import JSONL_COLUMNS, jsonl_lines
+from store.results.parquet import COUNT_COLUMNS, ResultCounts, count_batches, read_batches, write_table
+from store.results.rows import RESULT_SCHEMA, rows_to_table
+from store.settings import Settings
+from store.storage import atomic_write, is_local, url_to_fs
+
+_SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _check_id(kind: str, value) -> str:
+    value = str(value)
+    if not _SAFE_ID.fullmatch(value) or ".." in value:
+        raise ValueError(f"{kind} {value!r} is not usable in a path (letters, digits, '.', '_', '-')")
+    return value
+
+
+def results_store(settings: Settings) -> ResultsStore:
+    """The platform's results store: under <storage>/results."""
+    return ResultsStore(settings.storage_url.rstrip("/") + "/results")
+
+
+class ResultsStore:
+    """Parquet parts and merged results of jobs under one root (a directory or an fsspec URL)."""
+
+    def __init__(self, url: str, *, storage_options: dict | None = None):
+        self.url = str(url)
+        self.fs, self.root = url_to_fs(self.url, storage_options)
+
+    # paths
+    def job_dir(self, job_id) -> str:
+        return f"{self.root}/{_check_id('job id', job_id)}"
+
+    def part_path(self, job_id, shard_id) -> str:
+        return f"{self.job_dir(job_id)}/parts/{_check_id('shard id', shard_id)}.parquet"
+
+    def merged_path(self, job_id) -> str:
+        return f"{self.job_dir(job_id)}/results.parquet"
+
+    def url_for(self, path: str) -> str:
+        """A path of this store as a URL that fsspec and pyarrow open from any process."""
+        return path if is_local(self.fs) else self.fs.unstrip_protocol(path)
+
+    # parts
+    def write_part(self, job_id, shard_id, rows: Iterable[dict] | pa.Table) -> str:
+        """Write (or overwrite) the shard's part atomically; returns its path."""
+        path = self.part_path(job_id, shard_id)
+        write_table(self.fs, path, rows_to_table(rows))
+        return path
+
+    def list_parts(self, job_id) -> list[str]:
+        parts_dir = f"{self.job_dir(job_id)}/parts"
+        with contextlib.suppress(Exception):
+            self.fs.invalidate_cache(parts_dir)  # see parts other workers wrote
+        try:
+            entries = self.fs.ls(parts_dir, detail=False)
+        except FileNotFoundError:
+            return []
+        names = (p.rstrip("/").rsplit("/", 1)[-1] for p in entries)
+        # a name starting with "." is a write in progress (see store.storage.atomic_write)
+        return sorted(f"{parts_dir}/{n}" for n in names if n.endswith(".parquet") and not n.startswith("."))
+
+    def read_part(self, path: str) -> pa.Table:
+        with self.fs.open(path, "rb") as f:
+            return pq.read_table(f, schema=RESULT_SCHEMA)
+
+    def count(self, job_id) -> ResultCounts:
+        """Completed/failed/cancelled rows and token usage, from the parts."""
+        return count_batches(read_batches(self.fs, self.list_parts(job_id), COUNT_COLUMNS, 65536))
+
+    def _ordered_parts(self, job_id) -> tuple[list[str], bool]:
+        """Parts ordered by first line, and whether their line ranges are disjoint."""
+        ranges = []
+        for path in self.list_parts(job_id):
+            with self.fs.open(path, "rb") as f:
+                lines = pq.read_table(f, columns=["line"]).column("line")
+            if len(lines):
+                ranges.append((pc.min(lines).as_py(), pc.max(lines).as_py(), path))
+        ranges.sort()
+        disjoint = all(a[1] < b[0] for a, b in zip(ranges, ranges[1:]))
+        return [path for _, _, path in ranges], disjoint
+
+    def merge(self, job_id) -> str:
+        """All parts of the job as one Parquet file sorted by line, at `merged_path`.
+
+        Parts with disjoint line ranges (shards are contiguous slices) are streamed part by part;
+        overlapping ones are sorted in memory.
+        """
+        path = self.merged_path(job_id)
+        parts, disjoint = self._ordered_parts(job_id)
+        if not disjoint:
+            table = pa.concat_tables([self.read_part(p) for p in parts]).sort_by("line")
+            write_table(self.fs, path, table)
+            return path
+        with atomic_write(self.fs, path) as f, pq.ParquetWriter(f, RESULT_SCHEMA) as writer:
+            for part in parts:  # one part in memory at a time
+                writer.write_table(self.read_part(part))
+        return path
+
+    def _job_batches(self, job_id, columns) -> Iterator[pa.RecordBatch]:
+        merged = self.merged_path(job_id)
+        if self.fs.exists(merged):
+            return read_batches(self.fs, [merged], columns)
+        parts, disjoint = self._ordered_parts(job_id)
+        if disjoint:
+            return read_batches(self.fs, parts, columns)
+        table = pa.concat_tables([self.read_part(p).select(columns) for p in parts]).sort_by("line")
+        return iter(table.to_batches(max_chunksize=1024))
+
+    def iter_output_jsonl(self, job_id) -> Iterator[str]:
+        """OpenAI output lines of the job in line order (from the merged file, else the parts)."""
+        return jsonl_lines(self._job_batches(job_id, JSONL_COLUMNS), str(job_id), errors=False)
+
+    def iter_error_jsonl(self, job_id) -> Iterator[str]:
+        """OpenAI error lines of the job in line order (from the merged file, else the parts)."""
+        return jsonl_lines(self._job_batches(job_id, JSONL_COLUMNS), str(job_id), errors=True)
+
+    def delete_job(self, job_id) -> int:
+        """Remove the job's parts and merged file; returns how many files were removed."""
+        job_dir = self.job_dir(job_id)
+        with contextlib.suppress(Exception):
+            self.fs.invalidate_cache(job_dir)
+        try:
+            files = self.fs.find(job_dir)
+        except FileNotFoundError:
+            return 0
+        if files:
+            self.fs.rm(job_dir, recursive=True)
+        return len(files)

@@ -1,0 +1,122 @@
+"""The worker's side of shards: lease one, keep the lease, hand it back, or record its written part.
+
+A lease (`Shard.lease_until`) makes a shard one worker's at a time: a broker redelivery while it runs
+is skipped, and a shard whose lease runs out (its worker died) is taken back by the sweeper. Each claim
+is a new attempt; only the current attempt may finish the shard.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import update
+
+from store.db import session_scope
+from store.models import CANCELLED, CANCELLING, SHARD_DONE, SHARD_QUEUED, SHARD_RUNNING, Job, Shard, utcnow
+from store.results.parquet import ResultCounts
+from store.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ClaimedShard:
+    """What a worker needs to run the shard it leased."""
+
+    job_id: str
+    attempt: int
+    input_key: str
+    job_cancelling: bool
+    job_created_at: datetime
+
+
+def claim_shard(settings: Settings, shard_id: str, worker: str, lease_s: float = 60.0) -> ClaimedShard | None:
+    """Lease a queued shard (or a running one whose lease ran out) for `lease_s` seconds: attempt += 1.
+
+    None when there is nothing to do: the shard is finished, or another worker holds a live lease on it
+    (a broker redelivery while it runs). The lease must be renewed (`renew_leases`) while the shard runs.
+    """
+    with session_scope(settings.database_url) as s:
+        shard = s.get(Shard, shard_id, with_for_update=True)
+        if shard is None or shard.status not in (SHARD_QUEUED, SHARD_RUNNING):
+            return None
+        now = utcnow()
+        if shard.status == SHARD_RUNNING and shard.lease_until is not None and shard.lease_until > now:
+            log.info("shard %s is leased by %s (attempt %d); not running it twice", shard.id, shard.worker,
+                     shard.attempts)  # fmt: skip
+            return None
+        job = s.get(Job, shard.job_id)
+        shard.status = SHARD_RUNNING
+        shard.attempts += 1
+        shard.started_at = now
+        shard.lease_until = now + timedelta(seconds=lease_s)
+        shard.worker = worker
+        return ClaimedShard(
+            job_id=shard.job_id,
+            attempt=shard.attempts,
+            input_key=shard.input_key,
+            job_cancelling=job.status in (CANCELLING, CANCELLED),
+            job_created_at=job.created_at,
+        )
+
+
+def owns_shard(settings: Settings, shard_id: str, attempt: int) -> bool:
+    """Whether `attempt` is still the shard's current, running attempt (no other worker took it over)."""
+    with session_scope(settings.database_url) as s:
+        shard = s.get(Shard, shard_id)
+        return shard is not None and shard.status == SHARD_RUNNING and shard.attempts == attempt
+
+
+def renew_leases(settings: Settings, held: dict[str, int], lease_s: float) -> set[str]:
+    """Extend the leases of the shards this worker runs ({shard id: attempt}); returns those it lost."""
+    lost = set()
+    until = utcnow() + timedelta(seconds=lease_s)
+    with session_scope(settings.database_url) as s:
+        for shard_id, attempt in held.items():
+            result = s.execute(
+                update(Shard)
+                .where(Shard.id == shard_id, Shard.attempts == attempt, Shard.status == SHARD_RUNNING)
+                .values(lease_until=until)
+            )
+            if result.rowcount == 0:
+                lost.add(shard_id)
+    return lost
+
+
+def release_shard(settings: Settings, shard_id: str, attempt: int) -> bool:
+    """Hand an unfinished shard back (a worker shutting down): queued again, for the next worker."""
+    with session_scope(settings.database_url) as s:
+        result = s.execute(
+            update(Shard)
+            .where(Shard.id == shard_id, Shard.attempts == attempt, Shard.status == SHARD_RUNNING)
+            .values(status=SHARD_QUEUED, lease_until=None, worker=None)
+        )
+        return result.rowcount == 1
+
+
+def finish_shard(
+    settings: Settings, shard_id: str, part_key: str, counts: ResultCounts, attempt: int | None = None
+) -> bool:
+    """Record a shard's durable part; counts are set from the part, never added.
+
+    With `attempt`, only that attempt may finish the shard (False for a stale one).
+    """
+    with session_scope(settings.database_url) as s:
+        shard = s.get(Shard, shard_id, with_for_update=True)
+        if shard is None:
+            return False
+        if attempt is not None and (shard.attempts != attempt or shard.status != SHARD_RUNNING):
+            return False
+        shard.status = SHARD_DONE
+        shard.lease_until = None
+        shard.part_key = part_key
+        shard.completed = counts.completed
+        shard.failed = counts.failed
+        shard.cancelled = counts.cancelled
+        shard.prompt_tokens = counts.prompt_tokens
+        shard.completion_tokens = counts.completion_tokens
+        shard.finished_at = utcnow()
+        shard.error = None
+    return True

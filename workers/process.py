@@ -1,0 +1,81 @@
+"""One worker process: load the engine, then run a Celery worker on the model's queue until shutdown."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import sys
+from collections.abc import Callable
+
+from engine import LLMEngine
+from store.settings import Settings
+from workers import tasks
+from workers.cancel import CancelWatcher
+from workers.celery_app import make_celery
+from workers.engine_host import EngineHost
+from workers.priority import BOOKKEEPING_NICE, lower_this_thread
+
+
+def load_engine_factory(spec: str | None) -> Callable[..., object]:
+    """`module:callable` -> that callable; None -> `engine.LLMEngine`.
+
+    The callable gets LLMEngine's keyword arguments (model=..., device=..., ...) and returns an
+    engine: LLMEngine itself, a subclass, or any object with the same step API.
+    """
+    if not spec:
+        return LLMEngine
+    module, sep, name = spec.partition(":")
+    if not (module and sep and name):
+        raise ValueError(f"bad engine factory {spec!r}; expected module:callable")
+    return functools.reduce(getattr, name.split("."), importlib.import_module(module))
+
+
+def celery_argv(queue: str, hostname: str, *, concurrency: int, loglevel: str) -> list[str]:
+    """A thread pool sharing the one engine; with late acks and a prefetch of one, the worker holds
+    no more shards than it runs."""
+    return [
+        "worker",
+        "--pool=threads",
+        f"--concurrency={concurrency}",
+        f"--queues={queue}",
+        f"--hostname={hostname}",
+        f"--loglevel={loglevel}",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "--prefetch-multiplier=1",
+    ]
+
+
+def run_worker(
+    settings: Settings,
+    model_name: str,
+    model_path: str,
+    *,
+    engine_kwargs: dict,
+    engine_factory: str | None = None,
+    concurrency: int = 4,
+    loglevel: str = "info",
+    bookkeeping_nice: int = BOOKKEEPING_NICE,
+) -> None:
+    """Serve `model_name`'s queue with one engine loaded from `model_path`, until SIGTERM or SIGINT."""
+    factory = load_engine_factory(engine_factory)
+    host = EngineHost(lambda: factory(model=model_path, **engine_kwargs))
+    if bookkeeping_nice:  # every thread started from here on yields to the engine's
+        lower_this_thread(bookkeeping_nice)
+    watcher = CancelWatcher(settings, host)
+    tasks.configure(settings, host, watcher)
+    queue = settings.queue_for(model_name)
+    print(
+        f"pagedbatch worker: model {model_name} from {model_path}, queue {queue}, "
+        f"engine loop thread {host.loop_thread_id}",
+        file=sys.stderr,
+    )
+    try:
+        make_celery(settings).worker_main(
+            celery_argv(queue, f"{model_name}-{os.getpid()}@%h", concurrency=concurrency, loglevel=loglevel)
+        )
+    finally:
+        watcher.close()
+        host.close()
