@@ -11,8 +11,10 @@ import uuid
 from batchfile.request import ParsedRequest
 
 
-def _logprob(value: float) -> float:
-    return -9999.0 if value == -math.inf or math.isnan(value) else float(value)  # JSON has no -inf
+def _logprob(entry) -> float:
+    """An engine `Logprob` (or a missing one) as a JSON number; JSON has no -inf."""
+    value = -math.inf if entry is None else entry.logprob
+    return -9999.0 if value == -math.inf or math.isnan(value) else float(value)
 
 
 def _token_text(tokenizer, token_id: int) -> str:
@@ -26,14 +28,14 @@ def _chat_logprobs(choice, k: int, tokenizer) -> dict:
     content = []
     for token_id, top in zip(choice.token_ids, choice.logprobs or []):
         text = _token_text(tokenizer, token_id)
-        best = sorted(top.items(), key=lambda kv: -kv[1])[:k]
+        best = sorted(top.items(), key=lambda kv: -kv[1].logprob)[:k]
         alternatives = []
         for tid, lp in best:
             alt = _token_text(tokenizer, tid)
             alternatives.append({"token": alt, "logprob": _logprob(lp), "bytes": list(alt.encode("utf-8"))})
         content.append({
             "token": text,
-            "logprob": _logprob(top.get(token_id, -math.inf)),
+            "logprob": _logprob(top.get(token_id)),
             "bytes": list(text.encode("utf-8")),
             "top_logprobs": alternatives,
         })  # fmt: skip
@@ -46,8 +48,8 @@ def _completion_logprobs(choice, k: int, tokenizer) -> dict:
     for token_id, top in zip(choice.token_ids, choice.logprobs or []):
         text = _token_text(tokenizer, token_id)
         tokens.append(text)
-        token_logprobs.append(_logprob(top.get(token_id, -math.inf)))
-        best = sorted(top.items(), key=lambda kv: -kv[1])[:k]
+        token_logprobs.append(_logprob(top.get(token_id)))
+        best = sorted(top.items(), key=lambda kv: -kv[1].logprob)[:k]
         top_logprobs.append({_token_text(tokenizer, tid): _logprob(lp) for tid, lp in best})
         offsets.append(offset)
         offset += len(text)

@@ -5,10 +5,10 @@ prefix caching. Runs standalone: `from engine import LLM, SamplingParams`.
 `SamplingParams` and the tokenizer helpers without loading torch.
 """
 
-from engine.outputs import CompletionOutput, RequestOutput
-from engine.sampling_params import SamplingParams
+from engine.outputs import CompletionOutput, Logprob, RequestOutput
+from engine.sampling_params import RequestOutputKind, SamplingParams
 
-__all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "RequestOutputKind"]
 
 
 def __getattr__(name: str):

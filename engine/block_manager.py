@@ -118,3 +118,11 @@ class BlockManager:
                 self.cached[h] = block
                 self.block_hashes[block] = h
         seq.num_registered_blocks = num_full
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block, as vLLM does: only when no block is in use (False otherwise)."""
+        if any(self.ref_counts):
+            return False
+        self.cached.clear()
+        self.block_hashes = [None] * self.num_blocks
+        return True

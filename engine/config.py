@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,7 @@ SUPPORTED_ARCHITECTURES = {
 }
 
 
-def resolve_model_path(model: str | Path) -> Path:
+def resolve_model_path(model: str | Path, revision: str | None = None) -> Path:
     """A local directory as is; anything else is treated as a Hugging Face hub id."""
     path = Path(model)
     if path.is_dir():
@@ -27,7 +28,8 @@ def resolve_model_path(model: str | Path) -> Path:
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(str(model), allow_patterns=["*.json", "*.safetensors", "*.jinja"]))
+        patterns = ["*.json", "*.safetensors", "*.jinja"]
+        return Path(snapshot_download(str(model), revision=revision, allow_patterns=patterns))
     except Exception as exc:  # noqa: BLE001 - any hub failure becomes one clear error
         raise ValueError(f"model {model!r} is not a local directory and could not be fetched: {exc}") from exc
 
@@ -57,9 +59,10 @@ class ModelConfig:
     torch_dtype: str | None
 
     @classmethod
-    def load(cls, model: str | Path, max_model_len: int | None = None) -> ModelConfig:
-        path = resolve_model_path(model)
-        return cls.from_dict(read_config(path), path, max_model_len)
+    def load(cls, model: str | Path, max_model_len: int | None = None, revision: str | None = None,
+             overrides: dict | None = None) -> ModelConfig:
+        path = resolve_model_path(model, revision)
+        return cls.from_dict({**read_config(path), **(overrides or {})}, path, max_model_len)
 
     @classmethod
     def from_dict(cls, raw: dict, path: Path, max_model_len: int | None = None) -> ModelConfig:
@@ -127,7 +130,7 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     enable_prefix_caching: bool = True
-    seed: int = 0
+    seed: int | None = 0  # None: a random seed
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.9
     cpu_kv_cache_gb: float = 1.0
@@ -138,8 +141,25 @@ class EngineConfig:
     # Testing: run decode-only steps through the graphs' padded static buffers, eagerly and
     # without capturing, on any device (so that CPU tests cover the graph path's logic).
     static_decode_eager: bool = False
+    # vLLM's model-loading options.
+    tokenizer: str | None = None  # a tokenizer directory or hub id other than the model's
+    tokenizer_mode: str = "auto"  # auto (or hf): the fast tokenizer when there is one; slow: the Python one
+    revision: str | None = None  # hub revision of the model (and of its tokenizer unless tokenizer_revision)
+    tokenizer_revision: str | None = None
+    hf_overrides: dict | None = None  # merged over config.json
+    generation_config: str = "auto"  # auto | vllm | a directory with generation_config.json
+    override_generation_config: dict | None = None  # merged over generation_config.json's defaults
+    max_logprobs: int = 20  # most logprobs / prompt_logprobs a request may ask for; -1: the vocabulary
 
     def __post_init__(self):
+        if self.seed is None:  # vLLM: no seed, no reproducibility
+            self.seed = int.from_bytes(os.urandom(7), "little")
+        if self.tokenizer_mode not in ("auto", "hf", "slow"):
+            raise ValueError(f"tokenizer_mode={self.tokenizer_mode!r} is not supported; use auto, hf or slow")
+        if self.hf_overrides is not None and not isinstance(self.hf_overrides, dict):
+            raise ValueError("hf_overrides must be a dict merged over config.json (callables are not supported)")
+        if not isinstance(self.max_logprobs, int) or self.max_logprobs < -1:
+            raise ValueError(f"max_logprobs must be an integer >= 0 or -1, got {self.max_logprobs!r}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.max_num_seqs < 1:

@@ -4,41 +4,59 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
+from engine.chat_prompt import render_conversation
+from engine.llm_args import engine_kwargs
 from engine.llm_engine import LLMEngine, Prompt
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.tokenizer import encode_chat
 
 
 class LLM:
+    """vLLM's `LLM`. Keyword arguments are `EngineConfig` options or vLLM's own; see
+    `engine.llm_args` for the vLLM ones that are no-ops here and the values that are refused."""
+
     def __init__(self, model: str, dtype: str = "auto", device: str = "auto", block_size: int = 16,
                  num_kv_blocks: int | None = None, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 8192, enable_prefix_caching: bool = True, seed: int = 0,
+                 max_num_batched_tokens: int = 8192, enable_prefix_caching: bool = True, seed: int | None = 0,
                  **kwargs):
         self.llm_engine = LLMEngine(
             model, dtype=dtype, device=device, block_size=block_size, num_kv_blocks=num_kv_blocks,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-            enable_prefix_caching=enable_prefix_caching, seed=seed, **kwargs,
+            enable_prefix_caching=enable_prefix_caching, seed=seed, **engine_kwargs(kwargs),
         )
         self._next_id = 0
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams from the model's generation_config.json (unless generation_config="vllm"),
+        used by `generate` and `chat` when no params are given."""
+        return SamplingParams(**self.llm_engine.default_sampling_values)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget cached prompt blocks; False (nothing done) while requests hold blocks."""
+        return self.llm_engine.block_manager.reset_prefix_cache()
+
+    def get_metrics(self):
+        raise NotImplementedError("get_metrics is not supported: the engine keeps counters in llm_engine.stats")
+
     def generate(self, prompts: Prompt | Seq[Prompt],
                  sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+                 use_tqdm: bool = True, lora_request=None, priority: list[int] | None = None) -> list[RequestOutput]:
         """Outputs in the order of `prompts`. Every prompt is checked before any runs,
         so one bad prompt raises ValueError and nothing is half done."""
+        if lora_request is not None:
+            raise ValueError("lora_request is not supported: the engine serves no LoRA adapters")
         if isinstance(prompts, str | dict):
             prompts = [prompts]
         prompts = list(prompts)
+        _check_priority(priority, len(prompts))
         params = self._params_per_prompt(sampling_params, len(prompts))
         engine = self.llm_engine
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             try:
-                p.validate()
-                engine.check_request(engine.tokenize(prompt)[1], p)
+                engine.prepare(prompt, p)
             except ValueError as exc:
                 raise ValueError(f"prompt {i}: {exc}") from exc
         ids = []
@@ -50,17 +68,25 @@ class LLM:
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-             use_tqdm: bool = False) -> list[RequestOutput]:
+             use_tqdm: bool = True, lora_request=None, chat_template: str | None = None,
+             chat_template_kwargs: dict | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, tools: list[dict] | None = None) -> list[RequestOutput]:
         """One conversation (a list of {"role", "content"}) or a list of them."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.llm_engine.tokenizer
-        prompts = [{"prompt_token_ids": encode_chat(tokenizer, conv)} for conv in conversations]
-        return self.generate(prompts, sampling_params, use_tqdm)
+        prompts = []
+        for conversation in conversations:
+            text = render_conversation(
+                tokenizer, conversation, chat_template=chat_template, chat_template_kwargs=chat_template_kwargs,
+                add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
+                tools=tools,
+            )
+            prompts.append({"prompt_token_ids": tokenizer(text, add_special_tokens=False).input_ids})
+        return self.generate(prompts, sampling_params, use_tqdm, lora_request)
 
-    @staticmethod
-    def _params_per_prompt(params, count: int) -> list[SamplingParams]:
+    def _params_per_prompt(self, params, count: int) -> list[SamplingParams]:
         if params is None:
-            return [SamplingParams()] * count
+            return [self.get_default_sampling_params()] * count
         if isinstance(params, SamplingParams):
             return [params] * count
         params = list(params)
@@ -76,7 +102,7 @@ class LLM:
         if use_tqdm:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(ids), desc="generating", unit="req")
+            bar = tqdm(total=len(ids), desc="Processed prompts", unit="req")
         try:
             while len(results) < len(ids):
                 for out in engine.step():
@@ -92,3 +118,13 @@ class LLM:
             if bar:
                 bar.close()
         return [results[i] for i in ids]
+
+
+def _check_priority(priority, count: int) -> None:
+    """As vLLM under its default first-come-first-served policy: priorities other than 0 are refused."""
+    if priority is None:
+        return
+    if len(priority) != count:
+        raise ValueError(f"got {len(priority)} priorities for {count} prompts")
+    if any(p != 0 for p in priority):
+        raise ValueError("priority scheduling is not enabled: the scheduler is first-come first-served")

@@ -13,12 +13,15 @@ import torch
 
 from engine.block_manager import BlockManager, cdiv
 from engine.config import EngineConfig, ModelConfig, resolve_device, resolve_dtype
+from engine.generation_config import default_sampling_values, eos_ids, read_generation_config
 from engine.model_runner import ModelRunner
-from engine.outputs import CompletionOutput, RequestOutput
-from engine.sampler import Sampler
+from engine.outputs import CompletionOutput, Logprob, RequestOutput
+from engine.request_checks import check_against_model
+from engine.sampler import SampleLogprobs, Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
+from engine.token_masks import bad_words_token_ids
 from engine.tokenizer import Detokenizer, encode_prompt, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -38,13 +41,20 @@ class _Request:
 class LLMEngine:
     def __init__(self, model: str, **kwargs):
         self.config = EngineConfig(model=str(model), **kwargs)
-        self.model_config = ModelConfig.load(model, self.config.max_model_len)
+        cfg = self.config
+        self.model_config = ModelConfig.load(model, cfg.max_model_len, cfg.revision, cfg.hf_overrides)
         self.max_model_len = self.model_config.max_model_len
         self.device = resolve_device(self.config.device)
         self.dtype = resolve_dtype(self.config.dtype, self.device, self.model_config.torch_dtype)
         torch.manual_seed(self.config.seed)
-        self.tokenizer = load_tokenizer(str(self.model_config.path))
-        self.eos_token_ids = self._eos_ids()
+        self.tokenizer = load_tokenizer(cfg.tokenizer or str(self.model_config.path), cfg.tokenizer_mode,
+                                        cfg.tokenizer_revision or (cfg.revision if cfg.tokenizer is None else None))
+        self.generation_config = read_generation_config(self.model_config.path, cfg.generation_config)
+        self.default_sampling_values = default_sampling_values(
+            self.generation_config, cfg.generation_config, cfg.override_generation_config
+        )
+        self.eos_token_id, self.extra_eos_ids = self._eos_ids()
+        self.eos_token_ids = sorted({self.eos_token_id, *self.extra_eos_ids} - {None})
         self.runner = ModelRunner(self.config, self.model_config, self.device, self.dtype)
         self.block_manager = BlockManager(
             self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
@@ -64,11 +74,14 @@ class LLMEngine:
         self._seq_ids = itertools.count()
         self.stats = {"steps": 0, "batched_seqs": 0, "tokens": 0, "preemptions": 0}
 
-    def _eos_ids(self) -> list[int]:
-        ids = set(self.model_config.eos_token_ids)
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(self.tokenizer.eos_token_id)
-        return sorted(ids)
+    def _eos_ids(self) -> tuple[int | None, set[int]]:
+        """The tokenizer's EOS (stop_reason None) and generation_config's other EOS ids, which
+        stop like stop_token_ids (stop_reason: the id), as in vLLM."""
+        primary = self.tokenizer.eos_token_id
+        extra = set(eos_ids(self.generation_config, self.model_config.eos_token_ids))
+        if primary is None and extra:
+            primary = min(extra)
+        return primary, extra - {primary}
 
     # ---- requests ------------------------------------------------------------------
 
@@ -87,8 +100,22 @@ class LLMEngine:
             return self.tokenize(prompt["prompt"])
         raise ValueError("a prompt is a string or a dict with 'prompt_token_ids'")
 
+    def prepare(self, prompt: Prompt, params: SamplingParams) -> tuple[str | None, list[int]]:
+        """The prompt's text and token ids (truncated as `truncate_prompt_tokens` says), checked
+        with `params`; raises ValueError for a request that can never be served."""
+        params.validate()
+        text, ids = self.tokenize(prompt)
+        keep = params.truncate_prompt_tokens
+        if keep is not None:
+            if keep > self.max_model_len:
+                raise ValueError(f"truncate_prompt_tokens={keep} exceeds the model's context of {self.max_model_len}")
+            ids = ids[-(self.max_model_len if keep == -1 else keep) :]
+        self.check_request(ids, params)
+        return text, ids
+
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise ValueError if the request can never be served."""
+        check_against_model(params, self.model_config.vocab_size, self.config.max_logprobs)
         n = len(prompt_token_ids)
         if n == 0:
             raise ValueError("the prompt is empty")
@@ -108,12 +135,13 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
                     arrival_time: float | None = None) -> None:
         """Queue a request; safe to call from any thread, also while another thread steps."""
-        params = params or SamplingParams()
-        params.validate()
-        text, ids = self.tokenize(prompt)
-        self.check_request(ids, params)
+        params = params or SamplingParams(**self.default_sampling_values)
+        text, ids = self.prepare(prompt, params)
+        bad_words = bad_words_token_ids(self.tokenizer, params.bad_words) if params.bad_words else None
         arrival = arrival_time or time.time()
         seqs = [Sequence(next(self._seq_ids), request_id, i, ids, params, arrival) for i in range(params.n)]
+        for seq in seqs:
+            seq.bad_words_token_ids = bad_words
         with self._intake_lock:
             if request_id in self._known_ids:
                 raise ValueError(f"request id {request_id!r} is already in use")
@@ -170,7 +198,7 @@ class LLMEngine:
             for i, seq in enumerate(samplers):
                 seq.append_token(tokens[i])
                 if logprobs is not None and seq.logprobs is not None:
-                    seq.logprobs.append(logprobs[i])
+                    self._record_logprobs(seq, logprobs[i])
                 self._check_stop(seq)
                 if seq.is_finished:
                     output = self._request_done(seq)
@@ -182,28 +210,47 @@ class LLMEngine:
             self.stats["preemptions"] = self.scheduler.num_preemptions
             return finished
 
+    def _record_logprobs(self, seq: Sequence, sample: SampleLogprobs) -> None:
+        text = self.detokenizer.token_text if seq.params.detokenize else (lambda _: None)
+        entry = {sample.token_id: Logprob(sample.logprob, sample.rank, text(sample.token_id))}
+        for rank, (token, value) in enumerate(zip(sample.top_ids, sample.top_values), 1):
+            if token not in entry:
+                entry[token] = Logprob(value, rank, text(token))
+        seq.logprobs.append(entry)
+        seq.cumulative_logprob += sample.logprob
+
+    def _stop_token(self, seq: Sequence) -> tuple[bool, int | None]:
+        """(stopped, stop_reason) for the latest token: EOS or a stop token id, as in vLLM."""
+        p, token = seq.params, seq.token_ids[-1]
+        if seq.num_output_tokens < p.min_tokens:
+            return False, None
+        if token == self.eos_token_id and not p.ignore_eos:
+            return True, None
+        if token in p.stop_token_ids or (token in self.extra_eos_ids and not p.ignore_eos):
+            return True, token
+        return False, None
+
     def _check_stop(self, seq: Sequence) -> None:
         p = seq.params
-        token = seq.token_ids[-1]
-        new_text = self.detokenizer.decode_new_text(seq)
-        reason = stop = None
-        if seq.num_output_tokens >= p.min_tokens:
-            if token in self.eos_token_ids and not p.ignore_eos:
-                reason, stop = "stop", None
-            elif token in p.stop_token_ids:
-                reason, stop = "stop", token
-            elif p.stop_strings:
-                stop = self._find_stop_string(seq, len(new_text))
-                reason = "stop" if stop else None
-        if reason is None and (
-            (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or len(seq) >= self.max_model_len
-        ):
-            reason = "length"
-        if reason is not None:
-            if stop is None or isinstance(stop, int):
+        stopped, stop = self._stop_token(seq)
+        if stopped:  # the stop token's text is left out unless include_stop_str_in_output
+            if p.detokenize:
+                self.detokenizer.flush(seq, None if p.include_stop_str_in_output else len(seq) - 1)
+            return self._finish(seq, "stop", stop)
+        new_text = self.detokenizer.decode_new_text(seq) if p.detokenize else ""
+        # As vLLM: the text of the first min_tokens tokens cannot complete a stop string.
+        if p.stop_strings and seq.num_output_tokens > p.min_tokens:
+            stop = self._find_stop_string(seq, len(new_text))
+            if stop:
+                return self._finish(seq, "stop", stop)
+        if (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or len(seq) >= self.max_model_len:
+            if p.detokenize:
                 self.detokenizer.flush(seq)
-            seq.finish_reason, seq.stop_reason = reason, stop
-            self.scheduler.finish(seq)
+            self._finish(seq, "length", None)
+
+    def _finish(self, seq: Sequence, reason: str, stop: int | str | None) -> None:
+        seq.finish_reason, seq.stop_reason = reason, stop
+        self.scheduler.finish(seq)
 
     @staticmethod
     def _find_stop_string(seq: Sequence, new_chars: int) -> str | None:
@@ -221,7 +268,7 @@ class LLMEngine:
         if not found:
             return None
         pos, stop = min(found)
-        seq.output_text = text[:pos]
+        seq.output_text = text[: pos + (len(stop) if seq.params.include_stop_str_in_output else 0)]
         return stop
 
     def _request_done(self, seq: Sequence) -> RequestOutput | None:
@@ -248,6 +295,7 @@ class LLMEngine:
                     finish_reason=s.finish_reason,
                     stop_reason=s.stop_reason,
                     logprobs=s.logprobs,
+                    cumulative_logprob=s.cumulative_logprob if s.logprobs is not None else None,
                 )
                 for s in req.seqs
             ],

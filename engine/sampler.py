@@ -9,12 +9,14 @@ seeded request gives the same tokens whatever else shares the batch.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import chain, repeat
 
 import torch
 
 from engine.device import fetch, to_device
 from engine.sequence import Sequence
+from engine.token_masks import apply_token_masks
 
 
 class Sampler:
@@ -26,25 +28,37 @@ class Sampler:
 
     @torch.no_grad()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence], eos_ids: list[int]):
-        """Returns (token ids as a list, per-row top logprobs dicts or None)."""
+        """Returns (token ids as a list, per-row `SampleLogprobs` or None)."""
         logits = logits.float()
         want = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         raw_logprobs = None
-        if want:  # of the model's own distribution, before penalties and truncation
+        if want:  # of the model's own distribution, before any edit (vLLM's raw_logprobs)
             raw_logprobs = torch.log_softmax(self._rows(logits, want), dim=-1)
-        logits = self._apply_penalties(logits, seqs)
+        logits = apply_token_masks(logits, seqs)
         logits = self._suppress_early_stops(logits, seqs, eos_ids)
+        logits = self._apply_penalties(logits, seqs)
 
         tokens = logits.argmax(dim=-1)
         if not all(s.params.greedy for s in seqs):
             tokens = self._sample(logits, seqs, tokens)
         if raw_logprobs is None:
             return fetch(tokens)[0], None
-        k = max(seqs[i].params.logprobs for i in want)
-        chosen = raw_logprobs.gather(1, self._rows(tokens, want)[:, None]).squeeze(1)
+        counts = [_num_top(seqs[i].params.logprobs, self.vocab_size) for i in want]
+        return self._with_logprobs(tokens, raw_logprobs, want, counts)
+
+    def _with_logprobs(self, tokens, raw_logprobs, want, counts):
+        chosen = raw_logprobs.gather(1, self._rows(tokens, want)[:, None])
+        ranks = (raw_logprobs >= chosen).sum(dim=-1)  # vLLM counts ties as ranking above
+        k = min(max(counts), raw_logprobs.shape[-1])
         top = raw_logprobs.topk(k, dim=-1) if k else None
-        lists = fetch(tokens, chosen, *((top.values, top.indices) if top is not None else ()))
-        return lists[0], self._logprob_dicts(seqs, want, *lists)
+        lists = fetch(tokens, chosen.squeeze(1), ranks, *((top.values, top.indices) if top is not None else ()))
+        token_list, chosen, ranks = lists[:3]
+        result: list[SampleLogprobs | None] = [None] * len(token_list)
+        for j, i in enumerate(want):
+            n = counts[j]
+            top_ids, top_values = (lists[4][j][:n], lists[3][j][:n]) if n else ([], [])
+            result[i] = SampleLogprobs(token_list[i], chosen[j], ranks[j], top_ids, top_values)
+        return token_list, result
 
     def _rows(self, t: torch.Tensor, rows: list[int]) -> torch.Tensor:
         return t if len(rows) == t.shape[0] else t[to_device(rows, torch.long, self.device)]
@@ -137,16 +151,19 @@ class Sampler:
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
-    @staticmethod
-    def _logprob_dicts(seqs, want, tokens, chosen, top_values=None, top_ids=None):
-        result: list[dict[int, float] | None] = [None] * len(seqs)
-        for j, i in enumerate(want):
-            k = seqs[i].params.logprobs
-            entry = {tokens[i]: chosen[j]}
-            if k:
-                entry.update(zip(top_ids[j][:k], top_values[j][:k]))
-            result[i] = entry
-        return result
+@dataclass
+class SampleLogprobs:
+    """One row's logprobs: the sampled token's value and rank, and the top tokens (best first)."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top_ids: list[int]
+    top_values: list[float]
+
+
+def _num_top(logprobs: int, vocab_size: int) -> int:
+    return vocab_size if logprobs == -1 else logprobs
 
 
 def _seq_generator(seq: Sequence, device: torch.device) -> torch.Generator:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 
+from engine.outputs import Logprob
 from engine.sampling_params import SamplingParams
 
 
@@ -34,7 +35,9 @@ class Sequence:
         self.num_registered_blocks = 0  # leading blocks already offered to the prefix cache
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
-        self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
+        self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
+        self.cumulative_logprob = 0.0
+        self.bad_words_token_ids: list[list[int]] | None = None  # the engine tokenizes params.bad_words
         self.output_text = ""
         self.detok_offsets: tuple[int, int] | None = None  # owned by the detokenizer
         self.generator = None  # a seeded request's own torch.Generator, made on first use

@@ -14,10 +14,10 @@ _CONTEXT_TOKENS = 5
 
 
 @cache
-def load_tokenizer(path: str | Path):
+def load_tokenizer(path: str | Path, mode: str = "auto", revision: str | None = None):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(path))
+    return AutoTokenizer.from_pretrained(str(path), use_fast=mode != "slow", revision=revision)
 
 
 def encode_prompt(tokenizer, prompt: str) -> list[int]:
@@ -41,6 +41,10 @@ class Detokenizer:
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._decode(token_ids, skip_special_tokens=skip_special_tokens)
 
+    def token_text(self, token_id: int) -> str:
+        """One token's own text, special tokens included (vLLM's `Logprob.decoded_token`)."""
+        return self._decode([token_id], skip_special_tokens=False)
+
     def decode_new_text(self, seq: Sequence) -> str:
         """Append the text of the seq's latest tokens to `seq.output_text`; return the new part.
 
@@ -59,14 +63,16 @@ class Detokenizer:
         seq.output_text += new_text
         return new_text
 
-    def flush(self, seq: Sequence) -> None:
-        """At the end, emit whatever was held back (an incomplete character decodes as U+FFFD)."""
+    def flush(self, seq: Sequence, end: int | None = None) -> None:
+        """At the end, emit whatever was held back (an incomplete character decodes as U+FFFD),
+        from the tokens before `end` (default: all of them)."""
         if seq.detok_offsets is None:
             return
+        end = len(seq.token_ids) if end is None else end
         prefix_offset, read_offset = seq.detok_offsets
-        if read_offset < len(seq.token_ids):
+        if read_offset < end:
             skip = seq.params.skip_special_tokens
             before = self.decode(seq.token_ids[prefix_offset:read_offset], skip_special_tokens=skip)
-            after = self.decode(seq.token_ids[prefix_offset:], skip_special_tokens=skip)
+            after = self.decode(seq.token_ids[prefix_offset:end], skip_special_tokens=skip)
             seq.output_text += after[len(before) :]
-            seq.detok_offsets = (read_offset, len(seq.token_ids))
+            seq.detok_offsets = (read_offset, end)

@@ -130,7 +130,7 @@ def test_padded_decode_matches_the_unpadded_path(tiny_model, backend):
             continue
         for x, y in zip(a.logprobs, b.logprobs):
             assert list(x) == list(y)
-            assert list(x.values()) == pytest.approx(list(y.values()), abs=1e-5)
+            assert [v.logprob for v in x.values()] == pytest.approx([v.logprob for v in y.values()], abs=1e-5)
 
     padded = [s for s in steps if s["padded"]]
     assert any(s["size"] > s["n"] for s in padded), "no step was padded"
@@ -329,10 +329,13 @@ def test_sampler_greedy_rows_and_logprobs_in_a_mixed_batch():
     assert tokens[0] == int(logits[0].argmax())
     assert tokens[3] in logits[3].topk(2).indices.tolist()
     assert logprobs[1] is None
-    assert list(logprobs[0]) == logits[0].topk(3).indices.tolist()
-    assert list(logprobs[2]) == [tokens[2]]
+    assert logprobs[0].top_ids == logits[0].topk(3).indices.tolist()
+    assert logprobs[2].top_ids == [] and logprobs[2].token_id == tokens[2]
     top1 = int(logits[3].argmax())
-    assert set(logprobs[3]) == {tokens[3], top1}
+    assert logprobs[3].top_ids == [top1] and logprobs[3].token_id == tokens[3]
     for i in (0, 2, 3):
-        for t, v in logprobs[i].items():
+        entry = logprobs[i]
+        assert entry.logprob == pytest.approx(float(raw[i, tokens[i]]), abs=1e-6)
+        assert entry.rank == int((raw[i] >= raw[i, tokens[i]]).sum())
+        for t, v in zip(entry.top_ids, entry.top_values):
             assert v == pytest.approx(float(raw[i, t]), abs=1e-6)

@@ -140,7 +140,7 @@ def test_preemption_and_chunked_prefill_do_not_change_outputs(llm, model_dir):
     for a, b in zip(roomy[1::2], outs[1::2]):
         assert [sorted(e) for e in a.logprobs] == [sorted(e) for e in b.logprobs]
         for ea, eb in zip(a.logprobs, b.logprobs):
-            assert all(abs(ea[t] - eb[t]) < 1e-4 for t in ea)
+            assert all(abs(ea[t].logprob - eb[t].logprob) < 1e-4 and ea[t].rank == eb[t].rank for t in ea)
     assert_pool_free(tight.llm_engine)
 
 
@@ -234,7 +234,7 @@ BAD_PARAMS = [
     (dict(top_k=-2), "top_k"),
     (dict(min_p=1.5), "min_p"),
     (dict(min_tokens=5, max_tokens=3), "min_tokens"),
-    (dict(logprobs=50), "logprobs"),
+    (dict(logprobs=-2), "logprobs"),
     (dict(stop=[""]), "stop"),
     (dict(repetition_penalty=0), "repetition_penalty"),
     (dict(seed="7"), "seed"),  # would otherwise fail inside step(), taking every request down
@@ -261,9 +261,10 @@ def test_bad_input_is_rejected_and_the_engine_keeps_serving(llm, engine):
         p = SamplingParams()
         for key, value in kwargs.items():
             setattr(p, key, value)
-        p.stop_strings = p.stop or []
         with pytest.raises(ValueError, match=message):
             engine.add_request(f"bad-params-{j}", prompt(1), p)
+    with pytest.raises(ValueError, match="at most 20"):  # above the engine's max_logprobs
+        engine.add_request("many-logprobs", prompt(1), SamplingParams(logprobs=50))
     with pytest.raises(TypeError, match="temprature"):  # a misspelt option is an error, not ignored
         SamplingParams(temprature=0.5)
     with pytest.raises(TypeError, match="max_token"):

@@ -25,7 +25,7 @@ from batchfile.responses import (
 from batchfile.sampling import DEFAULT_COMPLETIONS_MAX_TOKENS
 from engine.config import ModelConfig
 from engine.model_info import context_length
-from engine.outputs import CompletionOutput, RequestOutput
+from engine.outputs import CompletionOutput, Logprob, RequestOutput
 from engine.tiny import write_tiny_model
 from engine.tokenizer import encode_chat
 
@@ -475,7 +475,8 @@ def _output(n=1, logprobs=False) -> RequestOutput:
     choices = [
         CompletionOutput(
             index=i, text=f"out{i}", token_ids=[10 + i, 11 + i], finish_reason="stop" if i == 0 else "length",
-            logprobs=[{10 + i: -0.5, 99: -1.5, 98: float("-inf")}, {11 + i: -0.25}] if logprobs else None,
+            logprobs=[{10 + i: Logprob(-0.5, 1), 99: Logprob(-1.5, 2), 98: Logprob(float("-inf"), 3)},
+                      {11 + i: Logprob(-0.25, 1)}] if logprobs else None,
         )
         for i in reversed(range(n))
     ]  # fmt: skip

@@ -1,0 +1,62 @@
+"""vLLM's `LLM(...)` keyword arguments that this engine has no use for: each is accepted when it
+asks for what the engine does anyway (a documented no-op), or refused with a ValueError that
+names it and says why. Engine options (`EngineConfig` fields) pass straight through."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from engine.config import EngineConfig
+
+# Accepted with any value: they tune logging, memory swapping or compilation the engine does not have.
+_NO_OPS = {
+    "disable_log_stats": "there are no periodic stats logs",
+    "swap_space": "preempted sequences are recomputed, never swapped to CPU memory",
+    "enable_chunked_prefill": "prefill is always chunked; outputs are the same either way",
+    "trust_remote_code": "only built-in architectures load; no remote code is ever run",
+    "max_seq_len_to_capture": "CUDA graphs cover decode batches up to cuda_graph_max_batch",
+    "disable_custom_all_reduce": "there is no tensor parallelism",
+    "distributed_executor_backend": "the engine runs in one process",
+    "compilation_config": "the engine compiles nothing beyond its Triton kernels",
+    "download_dir": "hub models go to the Hugging Face cache",
+    "allowed_local_media_path": "the engine has no multimodal inputs",
+}
+
+# Accepted only with the value that means what this engine does; anything else is refused.
+_ONLY = {
+    "tensor_parallel_size": (1, "tensor parallelism is not supported yet"),
+    "pipeline_parallel_size": (1, "pipeline parallelism is not supported"),
+    "data_parallel_size": (1, "data parallelism is not supported; run several workers instead"),
+    "quantization": (None, "quantized checkpoints are not supported"),
+    "kv_cache_dtype": ("auto", "the KV cache is stored in the model's dtype"),
+    "cpu_offload_gb": (0, "weights are not offloaded to CPU memory"),
+    "enable_lora": (False, "LoRA adapters are not supported"),
+    "skip_tokenizer_init": (False, "the engine needs the tokenizer (stop strings, chat templates)"),
+    "load_format": ("auto", "weights load from safetensors only"),
+    "scheduling_policy": ("fcfs", "the scheduler is first-come first-served; priority scheduling is not supported"),
+    "runner": ("auto", "only text generation is supported"),
+    "task": ("auto", "only text generation is supported"),
+    "speculative_config": (None, "speculative decoding is not supported"),
+}
+_EQUIVALENT = {"runner": {"generate"}, "task": {"generate"}, "load_format": {"safetensors"}}
+
+ENGINE_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig)) - {"model"}
+
+
+def engine_kwargs(kwargs: dict) -> dict:
+    """The EngineConfig options among `kwargs`; raises ValueError for a refused or unknown one."""
+    options = {}
+    for name, value in kwargs.items():
+        if name in ENGINE_FIELDS:
+            options[name] = value
+        elif name in _ONLY:
+            wanted, why = _ONLY[name]
+            if value != wanted and value not in _EQUIVALENT.get(name, ()):
+                raise ValueError(f"{name}={value!r} is not supported: {why}")
+        elif name not in _NO_OPS:
+            raise ValueError(f"unknown LLM argument {name!r}")
+    return options
+
+
+def documented_no_ops() -> dict[str, str]:
+    return dict(_NO_OPS)

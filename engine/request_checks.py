@@ -1,0 +1,25 @@
+"""The checks of a request's SamplingParams that need the model: token ids inside the
+vocabulary and logprob counts within `max_logprobs` (vLLM's `SamplingParams.verify`)."""
+
+from __future__ import annotations
+
+from engine.sampling_params import SamplingParams
+
+
+def check_against_model(params: SamplingParams, vocab_size: int, max_logprobs: int) -> None:
+    for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias),
+                      ("allowed_token_ids", params.allowed_token_ids)):
+        bad = [t for t in ids or () if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"{name} has token ids {bad[:5]} outside the vocabulary [0, {vocab_size})")
+    limit = vocab_size if max_logprobs == -1 else max_logprobs
+    for name in ("logprobs", "prompt_logprobs"):
+        wanted = getattr(params, name)
+        wanted = vocab_size if wanted == -1 else wanted
+        if wanted is not None and wanted > limit:
+            raise ValueError(
+                f"{name}={getattr(params, name)} asks for {wanted} logprobs per token but at most {limit} "
+                "are allowed; raise the engine's max_logprobs (-1: the whole vocabulary)"
+            )
+    if params.prompt_logprobs is not None:
+        raise ValueError("prompt_logprobs is not supported yet")
