@@ -45,8 +45,8 @@ class BlockManager:
     def match_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks holding the longest prefix of `seq`, always leaving at least
         one token to compute (its logits are needed to sample)."""
-        if not self.enable_prefix_caching:
-            return []
+        if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
+            return []  # as vLLM: a cached prefix has no logits, so prompt_logprobs recompute it
         hits = []
         for i in range(len(seq) // self.block_size):
             block = self.cached.get(self.block_hash(seq, i))

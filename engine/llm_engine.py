@@ -16,6 +16,8 @@ from engine.config import EngineConfig, ModelConfig, resolve_device, resolve_dty
 from engine.generation_config import default_sampling_values, eos_ids, read_generation_config
 from engine.model_runner import ModelRunner
 from engine.outputs import CompletionOutput, Logprob, RequestOutput
+from engine.prompt_logprobs import plan as plan_prompt_logprobs
+from engine.prompt_logprobs import record as record_prompt_logprobs
 from engine.request_checks import check_against_model
 from engine.sampler import SampleLogprobs, Sampler
 from engine.sampling_params import SamplingParams
@@ -188,7 +190,11 @@ class LLMEngine:
             batch = self.scheduler.schedule()
             if not batch:
                 return []
-            logits = self.runner.execute(batch)
+            spans, rows = plan_prompt_logprobs(batch)
+            logits, hidden = self.runner.execute(batch, rows) if rows else (self.runner.execute(batch), None)
+            if spans:
+                record_prompt_logprobs(spans, hidden, self.runner.model.compute_logits,
+                                       self.model_config.vocab_size, self._logprob_entry)
             samplers = [s for s, n in zip(batch.seqs, batch.num_new_tokens) if s.num_computed_tokens + n == len(s)]
             tokens, logprobs = self.sampler(logits, samplers, self.eos_token_ids) if samplers else ([], None)
             for seq, n in zip(batch.seqs, batch.num_new_tokens):
@@ -210,13 +216,17 @@ class LLMEngine:
             self.stats["preemptions"] = self.scheduler.num_preemptions
             return finished
 
-    def _record_logprobs(self, seq: Sequence, sample: SampleLogprobs) -> None:
+    def _logprob_entry(self, seq: Sequence, sample: SampleLogprobs) -> dict[int, Logprob]:
+        """vLLM's shape: the sampled (or prompt) token first, then the top tokens by rank."""
         text = self.detokenizer.token_text if seq.params.detokenize else (lambda _: None)
         entry = {sample.token_id: Logprob(sample.logprob, sample.rank, text(sample.token_id))}
         for rank, (token, value) in enumerate(zip(sample.top_ids, sample.top_values), 1):
             if token not in entry:
                 entry[token] = Logprob(value, rank, text(token))
-        seq.logprobs.append(entry)
+        return entry
+
+    def _record_logprobs(self, seq: Sequence, sample: SampleLogprobs) -> None:
+        seq.logprobs.append(self._logprob_entry(seq, sample))
         seq.cumulative_logprob += sample.logprob
 
     def _stop_token(self, seq: Sequence) -> tuple[bool, int | None]:
@@ -300,6 +310,7 @@ class LLMEngine:
                 for s in req.seqs
             ],
             num_cached_tokens=max(s.num_cached_tokens for s in req.seqs),
+            prompt_logprobs=req.seqs[0].prompt_logprobs,
             metrics={"arrival_time": req.seqs[0].arrival, "first_token_time": first, "finished_time": time.time()},
         )
 

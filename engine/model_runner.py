@@ -174,8 +174,16 @@ class ModelRunner:
         return to_device(input_ids, torch.long, dev), inputs, to_device(sample_rows, torch.long, dev)
 
     @torch.no_grad()
-    def execute(self, batch: ScheduledBatch) -> torch.Tensor:
-        """Logits [num sampling seqs, vocab] in batch order (seqs mid-prefill have none)."""
+    def execute(self, batch: ScheduledBatch, extra_rows: list[int] | None = None):
+        """Logits [num sampling seqs, vocab] in batch order (seqs mid-prefill have none).
+
+        With `extra_rows` (indices into the batch's flattened new tokens), returns
+        (logits, the final hidden states of those rows) from the same forward pass."""
+        if extra_rows:
+            input_ids, inputs, sample_rows = self.prepare(batch)
+            hidden = self.model(input_ids, inputs)
+            extra = hidden[to_device(extra_rows, torch.long, self.device)]
+            return self.model.compute_logits(hidden[sample_rows]), extra
         if self.graph_runner is not None and self.graph_runner.can_run(batch.num_new_tokens):
             hidden = self.graph_runner.run(batch.seqs)
             # A one-token chunk that does not finish its prompt has nothing to sample.

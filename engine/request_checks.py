@@ -21,5 +21,3 @@ def check_against_model(params: SamplingParams, vocab_size: int, max_logprobs: i
                 f"{name}={getattr(params, name)} asks for {wanted} logprobs per token but at most {limit} "
                 "are allowed; raise the engine's max_logprobs (-1: the whole vocabulary)"
             )
-    if params.prompt_logprobs is not None:
-        raise ValueError("prompt_logprobs is not supported yet")

@@ -37,6 +37,10 @@ class Sequence:
         self.stop_reason: int | str | None = None
         self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
         self.cumulative_logprob = 0.0
+        # Entry i: prompt token i's logprobs (the first has none); filled chunk by chunk.
+        self.prompt_logprobs: list[dict[int, Logprob] | None] | None = (
+            [None] if params.prompt_logprobs is not None else None
+        )
         self.bad_words_token_ids: list[list[int]] | None = None  # the engine tokenizes params.bad_words
         self.output_text = ""
         self.detok_offsets: tuple[int, int] | None = None  # owned by the detokenizer
