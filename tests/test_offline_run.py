@@ -44,7 +44,7 @@ def test_run_offline_with_the_engine(model_dir, tmp_path):
     llm = LLM(model=str(model_dir), device="cpu", dtype="float32")
     lines = [
         _line("chat", max_tokens=6, temperature=0),
-        _line("text", url=COMPLETIONS, max_tokens=5, temperature=0, n=2, seed=3),
+        _line("text", url=COMPLETIONS, max_tokens=5, temperature=0.7, n=2, seed=3),
         "not json at all",
         _line("long", max_tokens=100_000),
         _line("ids", url=COMPLETIONS, prompt=[5, 6, 7, 8], max_tokens=4, temperature=0),
