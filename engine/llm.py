@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
+from engine.beam_search import BeamSearchOutput, BeamSearchParams, run_beam_search
 from engine.chat_prompt import render_conversation
 from engine.llm_args import engine_kwargs
 from engine.llm_engine import LLMEngine, Prompt
@@ -37,6 +38,16 @@ class LLM:
     def reset_prefix_cache(self) -> bool:
         """Forget cached prompt blocks; False (nothing done) while requests hold blocks."""
         return self.llm_engine.block_manager.reset_prefix_cache()
+
+    def beam_search(self, prompts: Prompt | Seq[Prompt], params: BeamSearchParams, lora_request=None,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """vLLM's offline beam search (see `engine.beam_search`), one output per prompt."""
+        if lora_request is not None:
+            raise ValueError("lora_request is not supported: the engine serves no LoRA adapters")
+        if isinstance(prompts, str | dict):
+            prompts = [prompts]
+        token_prompts = [self.llm_engine.tokenize(p)[1] for p in prompts]
+        return run_beam_search(self, token_prompts, params)
 
     def get_metrics(self):
         raise NotImplementedError("get_metrics is not supported: the engine keeps counters in llm_engine.stats")
