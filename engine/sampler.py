@@ -103,13 +103,14 @@ class Sampler:
         return logits.index_put((to_device(rows, torch.long, logits.device),), sub)
 
     def _suppress_early_stops(self, logits, seqs, eos_ids):
-        """Below min_tokens, a request's stop tokens (and EOS unless ignored) cannot be drawn."""
+        """Below min_tokens, a request's stop tokens and the EOS ids cannot be drawn (even with
+        ignore_eos: vLLM bans all of its stop ids there)."""
         vocab = logits.shape[-1]
         rows, cols = [], []
         for i, s in enumerate(seqs):
             p = s.params
             if s.num_output_tokens < p.min_tokens:
-                banned = [t for t in chain(p.stop_token_ids, () if p.ignore_eos else eos_ids) if 0 <= t < vocab]
+                banned = [t for t in chain(p.stop_token_ids, eos_ids) if 0 <= t < vocab]
                 rows.extend(repeat(i, len(banned)))
                 cols.extend(banned)
         if not rows:

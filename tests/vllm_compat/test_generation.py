@@ -101,3 +101,27 @@ def test_min_tokens_text_cannot_complete_a_stop_string(llm):
     if late.finish_reason == "stop":  # at a later occurrence, produced after the first m tokens
         start = len(tokenizer.decode(base.token_ids[:m])) - 1
         assert stop in tokenizer.decode(base.token_ids[: len(late.token_ids)])[start:]
+
+
+def test_min_tokens_bans_eos_even_with_ignore_eos(llm):
+    """vLLM bans every stop id (EOS included) below min_tokens, ignore_eos or not."""
+    eos = llm.llm_engine.eos_token_id
+    out = run(llm, greedy(max_tokens=6, min_tokens=4, logit_bias={eos: 100.0}))
+    assert eos not in out.token_ids[:4]
+    assert out.token_ids[4:] == [eos, eos]  # ignore_eos: EOS may come after min_tokens and does not stop
+
+
+def test_output_kind_is_accepted_and_generate_returns_finished_outputs(llm):
+    from engine import RequestOutputKind
+
+    outs = {kind: run(llm, greedy(max_tokens=5, output_kind=kind)) for kind in RequestOutputKind}
+    assert len({tuple(o.token_ids) for o in outs.values()}) == 1
+    assert all(len(o.token_ids) == 5 and o.finish_reason == "length" for o in outs.values())
+
+
+def test_spaces_between_special_tokens_is_a_no_op_with_fast_tokenizers(llm):
+    special = llm.get_tokenizer().convert_tokens_to_ids("<|im_start|>")
+    params = dict(max_tokens=6, logit_bias={special: 100.0}, skip_special_tokens=False)
+    a = run(llm, greedy(**params, spaces_between_special_tokens=True))
+    b = run(llm, greedy(**params, spaces_between_special_tokens=False))
+    assert a.text == b.text == "<|im_start|>" * 6
