@@ -37,13 +37,17 @@ class Detokenizer:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         fast = backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
         self._decode = backend.decode if fast else tokenizer.decode
+        self._token_texts: dict[int, str] = {}  # at most one entry per vocabulary token
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._decode(token_ids, skip_special_tokens=skip_special_tokens)
 
     def token_text(self, token_id: int) -> str:
         """One token's own text, special tokens included (vLLM's `Logprob.decoded_token`)."""
-        return self._decode([token_id], skip_special_tokens=False)
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self._decode([token_id], skip_special_tokens=False)
+        return text
 
     def decode_new_text(self, seq: Sequence) -> str:
         """Append the text of the seq's latest tokens to `seq.output_text`; return the new part.

@@ -48,3 +48,45 @@ def test_beam_search_params_are_checked():
         BeamSearchParams(beam_width=0, max_tokens=4)
     with pytest.raises(ValueError, match="max_tokens"):
         BeamSearchParams(beam_width=2, max_tokens=0)
+
+
+class ScriptedLLM:
+    """An LLM whose next-token logprobs are fixed: EOS (id 0) is likeliest after token 7."""
+
+    eos = 0
+
+    class llm_engine:  # noqa: N801 - the attribute name beam_search reads
+        eos_token_id = 0
+
+    def get_tokenizer(self):
+        class Tokenizer:
+            def decode(self, ids):
+                return " ".join(map(str, ids))
+
+        return Tokenizer()
+
+    def generate(self, prompts, params, use_tqdm):
+        from engine.outputs import CompletionOutput, Logprob, RequestOutput
+
+        outs = []
+        for p in prompts:
+            last = p["prompt_token_ids"][-1]
+            table = {0: -0.1, 7: -2.5, 8: -3.0} if last == 7 else {7: -0.2, 8: -1.0, 0: -4.0}
+            entry = {t: Logprob(v, r) for r, (t, v) in enumerate(sorted(table.items(), key=lambda kv: -kv[1]), 1)}
+            outs.append(RequestOutput("x", None, p["prompt_token_ids"], [CompletionOutput(0, "", [], "length",
+                                                                                          logprobs=[entry])]))
+        return outs
+
+
+def test_eos_finishes_a_beam_and_scores_without_it():
+    from engine.beam_search import beam_search_score, run_beam_search
+
+    (out,) = run_beam_search(ScriptedLLM(), [[5, 6]], BeamSearchParams(beam_width=2, max_tokens=3))
+    best = out.sequences[0]
+    assert best.tokens == [5, 6, 7, 0] and best.finish_reason == "stop"  # ended by EOS at step 2
+    assert best.cum_logprob == pytest.approx(-0.3)
+    assert beam_search_score(best.tokens, best.cum_logprob, 0, 1.0) == pytest.approx(-0.3 / 3)  # EOS not counted
+    assert all(s.finish_reason == ("stop" if s.tokens[-1] == 0 else "length") for s in out.sequences)
+    assert all(0 not in s.tokens[2:-1] for s in out.sequences)  # nothing continues past EOS
+    ignored = run_beam_search(ScriptedLLM(), [[5, 6]], BeamSearchParams(beam_width=2, max_tokens=3, ignore_eos=True))
+    assert all(len(s.tokens) == 5 for s in ignored[0].sequences)
