@@ -8,6 +8,7 @@ from engine.beam_search import BeamSearchOutput, BeamSearchParams, run_beam_sear
 from engine.chat_prompt import render_conversation
 from engine.llm_args import engine_kwargs
 from engine.llm_engine import LLMEngine, Prompt
+from engine.metrics import Metric, engine_metrics
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -49,8 +50,9 @@ class LLM:
         token_prompts = [self.llm_engine.tokenize(p)[1] for p in prompts]
         return run_beam_search(self, token_prompts, params)
 
-    def get_metrics(self):
-        raise NotImplementedError("get_metrics is not supported: the engine keeps counters in llm_engine.stats")
+    def get_metrics(self) -> list[Metric]:
+        """vLLM's metric names: token and request counters, running/waiting gauges, KV cache use."""
+        return engine_metrics(self.llm_engine)
 
     def generate(self, prompts: Prompt | Seq[Prompt],
                  sampling_params: SamplingParams | Seq[SamplingParams] | None = None,

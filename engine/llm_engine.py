@@ -74,7 +74,8 @@ class LLMEngine:
         self._lock = threading.RLock()
         self._intake_lock = threading.Lock()
         self._seq_ids = itertools.count()
-        self.stats = {"steps": 0, "batched_seqs": 0, "tokens": 0, "preemptions": 0}
+        self.stats = {"steps": 0, "batched_seqs": 0, "tokens": 0, "preemptions": 0, "prompt_tokens": 0,
+                      "generation_tokens": 0, "finished_reasons": {}}
 
     def _eos_ids(self) -> tuple[int | None, set[int]]:
         """The tokenizer's EOS (stop_reason None) and generation_config's other EOS ids, which
@@ -286,6 +287,11 @@ class LLMEngine:
         if req is None or not all(s.is_finished for s in req.seqs):
             return None
         del self.requests[seq.request_id]
+        self.stats["prompt_tokens"] += len(req.prompt_token_ids)
+        for s in req.seqs:
+            self.stats["generation_tokens"] += s.num_output_tokens
+            reasons = self.stats["finished_reasons"]  # a few fixed keys: stop, length
+            reasons[s.finish_reason] = reasons.get(s.finish_reason, 0) + 1
         with self._intake_lock:
             self._known_ids.discard(seq.request_id)
         return self._make_output(req)

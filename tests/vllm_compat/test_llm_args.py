@@ -71,8 +71,20 @@ def test_priority_lora_and_metrics(llm):
         llm.generate(["a", "b"], params, use_tqdm=False, priority=[1, 0])
     with pytest.raises(ValueError, match="lora_request is not supported"):
         llm.generate("a", params, use_tqdm=False, lora_request=object())
-    with pytest.raises(NotImplementedError, match="get_metrics"):
-        llm.get_metrics()
+
+
+def test_get_metrics(model_dir):
+    from engine.metrics import Counter, Gauge
+
+    llm = LLM(str(model_dir), device="cpu", dtype="float32", num_kv_blocks=16)
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [8, 9]}], params, use_tqdm=False)
+    metrics = {(m.name, tuple(m.labels.items())): m for m in llm.get_metrics()}
+    assert metrics[("vllm:prompt_tokens", ())] == Counter("vllm:prompt_tokens", {}, 5)
+    assert metrics[("vllm:generation_tokens", ())].value == 6
+    assert metrics[("vllm:request_success", (("finished_reason", "length"),))].value == 2
+    assert metrics[("vllm:num_requests_running", ())] == Gauge("vllm:num_requests_running", {}, 0)
+    assert metrics[("vllm:kv_cache_usage_perc", ())].value == 0.0
 
 
 def test_reset_prefix_cache(llm):
