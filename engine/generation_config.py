@@ -23,7 +23,10 @@ def read_generation_config(model_path: Path, setting: str) -> dict:
         )
     if not (directory / "generation_config.json").is_file():
         return {}
-    return GenerationConfig.from_pretrained(str(directory)).to_diff_dict()
+    try:
+        return GenerationConfig.from_pretrained(str(directory)).to_diff_dict()
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"could not read {directory / 'generation_config.json'}: {exc}") from exc
 
 
 def default_sampling_values(generation: dict, setting: str, overrides: dict | None) -> dict:

@@ -71,3 +71,11 @@ def test_generation_config_path(model_dir, configured_dir):
     llm = make(model_dir, generation_config=str(configured_dir))
     assert llm.get_default_sampling_params().max_tokens == 5
     assert make(model_dir).get_default_sampling_params() == SamplingParams()  # the tiny model sets none
+
+
+def test_unreadable_generation_config_is_a_clear_error(model_dir, tmp_path):
+    path = tmp_path / "model"
+    shutil.copytree(model_dir, path)
+    (path / "generation_config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="generation_config.json"):
+        make(path)
