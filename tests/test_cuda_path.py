@@ -310,7 +310,7 @@ def test_vectorised_penalties_and_stop_suppression_equal_the_rowwise_rules():
         p = seq.params
         banned = set()
         if seq.num_output_tokens < p.min_tokens:
-            banned = {t for t in p.stop_token_ids + ([] if p.ignore_eos else [2, 7]) if t < vocab}
+            banned = {t for t in p.stop_token_ids + [2, 7] if t < vocab}  # EOS even with ignore_eos, as vLLM
         for t in range(vocab):
             assert suppressed[i, t] == (float("-inf") if t in banned else logits[i, t])
 
