@@ -73,6 +73,8 @@ class SamplingParams:
             self.logprobs = 1
         if self.prompt_logprobs is True:
             self.prompt_logprobs = 1
+        if self.stop is None or isinstance(self.stop, str):  # as vLLM: stop is a list from here on
+            self.stop = self.stop_strings
         self.stop_token_ids = list(dict.fromkeys(self.stop_token_ids or []))
         self.bad_words = list(dict.fromkeys(self.bad_words or []))
         if self.logit_bias is not None:

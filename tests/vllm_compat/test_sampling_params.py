@@ -51,6 +51,7 @@ def test_vllm_validation(kwargs, message):
 
 def test_vllm_normalisations():
     assert SamplingParams(seed=-1).seed is None
+    assert SamplingParams(stop="x").stop == ["x"] and SamplingParams().stop == []
     assert SamplingParams(logprobs=True).logprobs == 1
     assert SamplingParams(temperature=0.0, top_k=5, top_p=0.5, min_p=0.2).top_k == 0  # greedy ignores cuts
     assert SamplingParams(temperature=2.0).temperature == 2.0
