@@ -70,6 +70,14 @@ class File(ApiObject):
     status_details: str | None = None
 
 
+class FileDeleted(ApiObject):
+    """The answer to DELETE /v1/files/{file_id} (OpenAI's FileDeleted)."""
+
+    id: str
+    object: Literal["file"] = "file"
+    deleted: bool
+
+
 class BatchErrors(ApiObject):
     object: Literal["list"] = "list"
     data: list[LineError]
@@ -228,6 +236,7 @@ class BatchCreate(ApiObject):
 RESPONSE_OBJECTS: tuple[type[ApiObject], ...] = (
     ErrorResponse,
     File,
+    FileDeleted,
     Batch,
     Job,
     FileList,

@@ -44,6 +44,11 @@ class File(Base):
     storage_key: Mapped[str] = mapped_column(String(1024))
     content_type: Mapped[str] = mapped_column(String(64), default="application/jsonl")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # Deleted files keep their row (jobs refer to them) but lose their content and vanish from reads.
+    deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    __table_args__ = (Index("ix_files_tenant_created", "tenant", "created_at", "id"),)
 
 
 class Job(Base):
@@ -132,6 +137,8 @@ class Tenant(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     max_active_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_queued_requests: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_files: Mapped[int | None] = mapped_column(Integer, nullable=True)  # uploaded files kept at once
+    max_file_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # their bytes together
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

@@ -58,6 +58,8 @@ class Settings:
     # per-tenant limits (a tenant's row in the tenants table may override them); 0 means unlimited
     max_active_jobs_per_tenant: int = 100
     max_queued_requests_per_tenant: int = 1_000_000
+    max_files_per_tenant: int = 10_000  # uploaded files a tenant keeps at once (DELETE frees them)
+    max_file_bytes_per_tenant: int = 100 * 1024**3  # their bytes together
     limit_retry_after_s: int = 30  # the Retry-After of a 429
     key_cache_s: float = 5.0  # how long a checked API key is trusted before the database is asked again
 
@@ -77,6 +79,8 @@ class Settings:
             cancel_poll_s=float(env.get("PAGEDBATCH_CANCEL_POLL_S", "0.25")),
             max_active_jobs_per_tenant=_env_int("PAGEDBATCH_MAX_ACTIVE_JOBS_PER_TENANT", 100),
             max_queued_requests_per_tenant=_env_int("PAGEDBATCH_MAX_QUEUED_REQUESTS_PER_TENANT", 1_000_000),
+            max_files_per_tenant=_env_int("PAGEDBATCH_MAX_FILES_PER_TENANT", 10_000),
+            max_file_bytes_per_tenant=_env_int("PAGEDBATCH_MAX_FILE_BYTES_PER_TENANT", 100 * 1024**3),
             limit_retry_after_s=_env_int("PAGEDBATCH_LIMIT_RETRY_AFTER_S", 30),
             key_cache_s=float(env.get("PAGEDBATCH_KEY_CACHE_S", "5")),
         )
@@ -100,6 +104,8 @@ class Settings:
             "PAGEDBATCH_CANCEL_POLL_S": str(self.cancel_poll_s),
             "PAGEDBATCH_MAX_ACTIVE_JOBS_PER_TENANT": str(self.max_active_jobs_per_tenant),
             "PAGEDBATCH_MAX_QUEUED_REQUESTS_PER_TENANT": str(self.max_queued_requests_per_tenant),
+            "PAGEDBATCH_MAX_FILES_PER_TENANT": str(self.max_files_per_tenant),
+            "PAGEDBATCH_MAX_FILE_BYTES_PER_TENANT": str(self.max_file_bytes_per_tenant),
             "PAGEDBATCH_LIMIT_RETRY_AFTER_S": str(self.limit_retry_after_s),
             "PAGEDBATCH_KEY_CACHE_S": str(self.key_cache_s),
         }

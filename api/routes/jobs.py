@@ -37,6 +37,7 @@ def create_job():
     check_content_length()
     cfg = settings()
     tenant = current_tenant()
+    files.check_upload_allowed(cfg, tenant, for_job=True)  # before the body is read
     if request.mimetype == "multipart/form-data":
         upload = request.files.get("file")
         if upload is None:
@@ -53,7 +54,7 @@ def create_job():
         raise ApiError(400, "model is required", param="model")
     defaults = json_param(fields.get("defaults") or request.args.get("defaults"), "defaults")
     metadata = metadata_param(fields.get("metadata") or request.args.get("metadata"))
-    input_file = files.store_upload(cfg, chunks, tenant=tenant, filename=filename, purpose="batch")
+    input_file = files.store_upload(cfg, chunks, tenant=tenant, filename=filename, purpose="batch", for_job=True)
     job = jobs.create_job(
         cfg,
         input_file,

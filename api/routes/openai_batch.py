@@ -8,9 +8,9 @@ from flask import Blueprint, jsonify, request
 
 from api.auth import current_tenant
 from api.errors import ApiError
-from api.objects import BATCH_ENDPOINTS, COMPLETION_WINDOWS, BatchList, FileList
+from api.objects import BATCH_ENDPOINTS, COMPLETION_WINDOWS, BatchList, FileDeleted, FileList
 from api.platform import settings
-from api.routes.params import limit_param, metadata_param, parse_json, reject_nul_bytes
+from api.routes.params import limit_param, metadata_param, order_param, parse_json, reject_nul_bytes
 from api.routes.responses import cached_job_body, send_object, send_stored
 from api.routes.uploads import check_content_length, upload_chunks, upload_filename
 from api.serializers import batch_object, file_object, page
@@ -31,6 +31,7 @@ def _batch(job):
 @bp.post("/v1/files")
 def create_file():
     check_content_length()
+    files.check_upload_allowed(settings(), current_tenant())  # before the body is read
     upload = request.files.get("file")
     if upload is None:
         raise ApiError(400, "missing multipart field 'file'", param="file")
@@ -53,8 +54,9 @@ def list_files():
         settings(),
         current_tenant(),
         purpose=request.args.get("purpose") or None,
-        limit=limit_param(default=100, maximum=10_000),
+        limit=limit_param(default=10_000, maximum=10_000),  # OpenAI's default and maximum
         after=request.args.get("after"),
+        ascending=order_param() == "asc",
     )
     return send_object(page(FileList, [file_object(r) for r in records], has_more))
 
@@ -62,6 +64,12 @@ def list_files():
 @bp.get("/v1/files/<file_id>")
 def get_file(file_id: str):
     return send_object(file_object(files.get_file(settings(), current_tenant(), file_id)))
+
+
+@bp.delete("/v1/files/<file_id>")
+def delete_file(file_id: str):
+    record = files.delete_file(settings(), current_tenant(), file_id)
+    return send_object(FileDeleted(id=record.id, deleted=True))
 
 
 @bp.get("/v1/files/<file_id>/content")

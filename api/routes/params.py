@@ -87,3 +87,11 @@ def limit_param(default: int = 20, maximum: int = 100) -> int:
     if not 1 <= limit <= maximum:
         raise ApiError(400, f"limit must be between 1 and {maximum}", param="limit")
     return limit
+
+
+def order_param() -> str:
+    """OpenAI's list `order`: "asc" or "desc" (the default) by created_at."""
+    order = request.args.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise ApiError(400, f"order must be 'asc' or 'desc', got {order!r:.40}", param="order")
+    return order
