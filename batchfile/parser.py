@@ -66,6 +66,7 @@ class _Chunk:
         errors: dict[int, LineError] = {}
         pending = [p for p in items if isinstance(p, Pending)]
         prompts.render(pending, errors)
+        prompts.screen_long(pending, errors)
         groups = prompts.to_encode(pending, errors)
         return cls(items, errors, pool.submit(prompts.encode, groups, errors) if groups else None)
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 
-from batchfile.errors import CHAT_TEMPLATE_ERROR, INVALID_PROMPT, LineError
+from batchfile.errors import CHAT_TEMPLATE_ERROR, CONTEXT_LENGTH_EXCEEDED, INVALID_PROMPT, LineError
+from batchfile.model_limits import ModelLimits
 from batchfile.validation import Pending
+
+SCREEN_CHARS = 1 << 16  # texts longer than this are counted piece by piece before being tokenized whole
+CUT_SLACK = 4  # tokens a cut between two pieces may add to their count (a word split in two)
 
 
 def render(chunk: list[Pending], errors: dict[int, LineError]) -> None:
@@ -33,6 +37,48 @@ def _render_one(p: Pending, errors: dict[int, LineError]) -> str | None:
         message = f"the chat template failed: {str(e)[:300]}"
         errors[p.line] = LineError(p.line, p.custom_id, CHAT_TEMPLATE_ERROR, message)
         return None
+
+
+def screen_long(chunk: list[Pending], errors: dict[int, LineError]) -> None:
+    """Fail the lines whose text certainly exceeds their model's context, before it is tokenized whole.
+
+    A long text is tokenized in pieces of SCREEN_CHARS characters (cut at whitespace) and the
+    counting stops once the context is passed, so a multi-megabyte prompt costs about a context's
+    worth of tokenizing, in time and memory, whatever its size.
+    """
+    for p in chunk:
+        if p.text is None or p.token_ids is not None or len(p.text) <= SCREEN_CHARS or p.line in errors:
+            continue
+        limit = p.limits.max_model_len
+        at_least = _tokens_at_least(p.limits, p.text, limit)
+        if at_least is not None:
+            message = (
+                f"the prompt is at least {at_least} tokens ({len(p.text):,} characters); "
+                f"the model's context length is {limit} tokens"
+            )
+            errors[p.line] = LineError(p.line, p.custom_id, CONTEXT_LENGTH_EXCEEDED, message)
+
+
+def _tokens_at_least(limits: ModelLimits, text: str, limit: int) -> int | None:
+    """A lower bound on the text's tokens once it reaches `limit`, else None (it may fit)."""
+    counted = cuts = start = 0
+    while start < len(text):
+        end = _cut(text, start + SCREEN_CHARS)
+        counted += len(limits.encode([text[start:end]], add_special_tokens=False)[0])
+        if counted - cuts * CUT_SLACK >= limit:
+            return counted - cuts * CUT_SLACK
+        start, cuts = end, cuts + 1
+    return None
+
+
+def _cut(text: str, at: int) -> int:
+    """Where to end a piece near `at`: before the last whitespace of the 1,024 characters before it
+    (tokens start at a space), else at `at`."""
+    if at >= len(text):
+        return len(text)
+    window = text[max(at - 1024, 0) : at]
+    space = max(window.rfind(" "), window.rfind("\n"))
+    return at - len(window) + space if space > 0 else at
 
 
 def to_encode(chunk: list[Pending], errors: dict[int, LineError]) -> list[list[Pending]]:

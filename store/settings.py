@@ -61,6 +61,8 @@ class Settings:
     max_files_per_tenant: int = 10_000  # uploaded files a tenant keeps at once (DELETE frees them)
     max_file_bytes_per_tenant: int = 100 * 1024**3  # their bytes together
     limit_retry_after_s: int = 30  # the Retry-After of a 429
+    max_concurrent_validations: int = 2  # uploads validated at once per API process; the others wait
+    validation_wait_s: float = 120.0  # how long an upload waits for a validation slot before a 503
     key_cache_s: float = 5.0  # how long a checked API key is trusted before the database is asked again
 
     @classmethod
@@ -82,6 +84,8 @@ class Settings:
             max_files_per_tenant=_env_int("PAGEDBATCH_MAX_FILES_PER_TENANT", 10_000),
             max_file_bytes_per_tenant=_env_int("PAGEDBATCH_MAX_FILE_BYTES_PER_TENANT", 100 * 1024**3),
             limit_retry_after_s=_env_int("PAGEDBATCH_LIMIT_RETRY_AFTER_S", 30),
+            max_concurrent_validations=_env_int("PAGEDBATCH_MAX_CONCURRENT_VALIDATIONS", 2),
+            validation_wait_s=float(env.get("PAGEDBATCH_VALIDATION_WAIT_S", "120")),
             key_cache_s=float(env.get("PAGEDBATCH_KEY_CACHE_S", "5")),
         )
         for key, value in overrides.items():
@@ -107,6 +111,8 @@ class Settings:
             "PAGEDBATCH_MAX_FILES_PER_TENANT": str(self.max_files_per_tenant),
             "PAGEDBATCH_MAX_FILE_BYTES_PER_TENANT": str(self.max_file_bytes_per_tenant),
             "PAGEDBATCH_LIMIT_RETRY_AFTER_S": str(self.limit_retry_after_s),
+            "PAGEDBATCH_MAX_CONCURRENT_VALIDATIONS": str(self.max_concurrent_validations),
+            "PAGEDBATCH_VALIDATION_WAIT_S": str(self.validation_wait_s),
             "PAGEDBATCH_KEY_CACHE_S": str(self.key_cache_s),
         }
 

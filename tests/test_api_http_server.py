@@ -13,7 +13,9 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
+import psutil
 import pytest
 from werkzeug.http import parse_options_header
 from werkzeug.serving import make_server
@@ -33,7 +35,8 @@ def werkzeug_url(platform):
 
 
 @pytest.fixture(scope="module")
-def gunicorn_url(platform):
+def gunicorn(platform):
+    """`pagedbatch api` (gunicorn, one worker process): (its URL, the master's Popen)."""
     port = free_port()
     cmd = [sys.executable, "-m", "pagedbatch", "api", "--host=127.0.0.1", f"--port={port}", "--workers=1"]
     cmd += ["--model", f"{MODEL}={platform.model_path}"]
@@ -50,9 +53,14 @@ def gunicorn_url(platform):
                 os.killpg(proc.pid, signal.SIGKILL)
                 raise RuntimeError((platform.tmp / "gunicorn.log").read_text()[-3000:]) from None
             time.sleep(0.2)
-    yield url
+    yield url, proc
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+@pytest.fixture(scope="module")
+def gunicorn_url(gunicorn):
+    return gunicorn[0]
 
 
 @pytest.fixture(params=["werkzeug", "gunicorn"])
@@ -119,3 +127,34 @@ def test_the_servers_own_errors_are_json(server_url, request_bytes, status):
     error = json.loads(body)["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert error["type"] == "invalid_request_error" and error["message"]
+
+
+def test_four_8mb_lines_at_once_keep_the_api_under_1gb(platform, gunicorn):
+    url, master = gunicorn
+    (worker,) = psutil.Process(master.pid).children()
+    body = json.dumps(
+        {"custom_id": "big", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x " * 4_000_000}}
+    ).encode()
+    results: list = [None] * 4
+
+    def submit(i: int) -> None:
+        start = time.monotonic()
+        parts = urllib.parse.urlsplit(url)
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
+        headers = {"Authorization": f"Bearer {platform.api_key}", "Content-Type": "application/x-ndjson"}
+        conn.request("POST", f"/v1/jobs?model={MODEL}", body=body, headers=headers)
+        response = conn.getresponse()
+        results[i] = (response.status, json.loads(response.read()), time.monotonic() - start)
+
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    peak_kib = int(re.search(r"VmHWM:\s+(\d+) kB", Path(f"/proc/{worker.pid}/status").read_text()).group(1))
+    print(f"peak {peak_kib / 1024:.0f} MiB, seconds {[round(r[2], 1) for r in results]}")
+    assert peak_kib < 1024 * 1024, f"API worker peaked at {peak_kib / 1024:.0f} MiB"
+    for status, job, seconds in results:
+        assert status == 201 and job["status"] == "failed", job
+        assert job["errors"][0]["code"] == "context_length_exceeded"
+        assert seconds < 30, seconds  # each took 25 s alone (and 4.8 GB for two) before the bound

@@ -9,7 +9,7 @@ from flask import Blueprint, jsonify, request
 from api.auth import current_tenant
 from api.errors import ApiError
 from api.objects import BATCH_ENDPOINTS, COMPLETION_WINDOWS, BatchList, FileDeleted, FileList
-from api.platform import settings
+from api.platform import settings, validation_slot
 from api.routes.params import limit_param, metadata_param, order_param, parse_json, reject_nul_bytes
 from api.routes.responses import cached_job_body, send_object, send_stored
 from api.routes.uploads import check_content_length, upload_chunks, upload_filename
@@ -113,7 +113,8 @@ def create_batch():
     input_file = files.get_file(cfg, tenant, body.pop("input_file_id"))
     if input_file.purpose != "batch":
         raise ApiError(400, f"file {input_file.id} does not have purpose 'batch'", param="input_file_id")
-    job = jobs.create_job(cfg, input_file, tenant=tenant, enqueue=partial(enqueue_shards, cfg), **body)
+    with validation_slot():
+        job = jobs.create_job(cfg, input_file, tenant=tenant, enqueue=partial(enqueue_shards, cfg), **body)
     return send_object(_batch(job))
 
 
