@@ -30,7 +30,7 @@ from batchfile.errors import (
 from batchfile.fields import as_bool, messages_of, prompt_of, type_name
 from batchfile.model_limits import ModelLimits
 from batchfile.request import CHAT_URL, URLS, ParsedRequest
-from batchfile.sampling import merge_defaults, sampling_kwargs
+from batchfile.sampling import OPENAI_BOUNDS, RequestBounds, check_output_budget, merge_defaults, sampling_kwargs
 from engine.sampling_params import SamplingParams
 
 MAX_CUSTOM_ID_LENGTH = 512
@@ -52,6 +52,7 @@ class Pending:
     text: str | None = None
     add_special_tokens: bool = False
     token_ids: list[int] | None = None
+    bounds: RequestBounds = OPENAI_BOUNDS
 
 
 def _reject_constant(name: str):
@@ -79,16 +80,22 @@ class LineValidator:
 
     `models`: the known models by name (body.model must name one), or one `ModelLimits` that
     serves every line whatever its body.model says. `defaults`: job-level body fields that a
-    line's own fields override.
+    line's own fields override. `bounds`: what one request may ask for.
     """
 
-    def __init__(self, models: ModelLimits | Mapping[str, ModelLimits], defaults: Mapping | None = None):
+    def __init__(
+        self,
+        models: ModelLimits | Mapping[str, ModelLimits],
+        defaults: Mapping | None = None,
+        bounds: RequestBounds = OPENAI_BOUNDS,
+    ):
         if isinstance(models, ModelLimits):
             self.forced: ModelLimits | None = models
             self.models: Mapping[str, ModelLimits] = {models.name: models}
         else:
             self.forced, self.models = None, models
         self.defaults = defaults
+        self.bounds = bounds
         self.seen: set[str] = set()
 
     def check_line(self, line: int, content: bytes | None, max_line_bytes: int) -> Pending | LineError:
@@ -132,12 +139,12 @@ class LineValidator:
             raise InvalidLine(INVALID_REQUEST, f"body must be a JSON object, got {type_name(raw_body)}")
         body = merge_defaults(raw_body, self.defaults)
         limits = self._model(body.get("model"))
-        params, explicit = sampling_kwargs(body, url)
+        params, explicit = sampling_kwargs(body, url, self.bounds)
         try:
             sampling = SamplingParams(**params)
         except (ValueError, TypeError) as e:
             raise InvalidLine(INVALID_PARAMETER, str(e)) from None
-        pending = Pending(line, custom_id, url, limits, raw_body, sampling, explicit)
+        pending = Pending(line, custom_id, url, limits, raw_body, sampling, explicit, bounds=self.bounds)
         _read_prompt(pending, body)
         return pending
 
@@ -173,6 +180,8 @@ def finish(pending: Pending) -> ParsedRequest:
     """The request, once its prompt is tokenized: the prompt must leave room in the context for
     max_tokens (chat without max_tokens gets the rest of the context)."""
     _fit_context(pending, pending.token_ids)
+    sp = pending.sampling
+    check_output_budget(sp.n, sp.max_tokens, sp.logprobs, pending.bounds)
     return ParsedRequest(
         pending.line,
         pending.custom_id,

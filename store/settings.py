@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from batchfile.sampling import OPENAI_MAX_STOP_STRINGS, RequestBounds
+
 
 def home_dir() -> Path:
     """The local data directory: $PAGEDBATCH_HOME, else ~/.pagedbatch (read at each call)."""
@@ -61,6 +63,10 @@ class Settings:
     max_files_per_tenant: int = 10_000  # uploaded files a tenant keeps at once (DELETE frees them)
     max_file_bytes_per_tenant: int = 100 * 1024**3  # their bytes together
     limit_retry_after_s: int = 30  # the Retry-After of a 429
+    # what one request line may ask for (batchfile.sampling.RequestBounds); /v1/batches keeps OpenAI's 4 stops
+    max_stop_strings: int = 16
+    max_stop_chars: int = 1000
+    max_request_output_tokens: int = 1 << 18  # n x max_tokens x (1 + logprobs per token)
     max_concurrent_validations: int = 2  # uploads validated at once per API process; the others wait
     validation_wait_s: float = 120.0  # how long an upload waits for a validation slot before a 503
     key_cache_s: float = 5.0  # how long a checked API key is trusted before the database is asked again
@@ -84,6 +90,9 @@ class Settings:
             max_files_per_tenant=_env_int("PAGEDBATCH_MAX_FILES_PER_TENANT", 10_000),
             max_file_bytes_per_tenant=_env_int("PAGEDBATCH_MAX_FILE_BYTES_PER_TENANT", 100 * 1024**3),
             limit_retry_after_s=_env_int("PAGEDBATCH_LIMIT_RETRY_AFTER_S", 30),
+            max_stop_strings=_env_int("PAGEDBATCH_MAX_STOP_STRINGS", 16),
+            max_stop_chars=_env_int("PAGEDBATCH_MAX_STOP_CHARS", 1000),
+            max_request_output_tokens=_env_int("PAGEDBATCH_MAX_REQUEST_OUTPUT_TOKENS", 1 << 18),
             max_concurrent_validations=_env_int("PAGEDBATCH_MAX_CONCURRENT_VALIDATIONS", 2),
             validation_wait_s=float(env.get("PAGEDBATCH_VALIDATION_WAIT_S", "120")),
             key_cache_s=float(env.get("PAGEDBATCH_KEY_CACHE_S", "5")),
@@ -111,10 +120,18 @@ class Settings:
             "PAGEDBATCH_MAX_FILES_PER_TENANT": str(self.max_files_per_tenant),
             "PAGEDBATCH_MAX_FILE_BYTES_PER_TENANT": str(self.max_file_bytes_per_tenant),
             "PAGEDBATCH_LIMIT_RETRY_AFTER_S": str(self.limit_retry_after_s),
+            "PAGEDBATCH_MAX_STOP_STRINGS": str(self.max_stop_strings),
+            "PAGEDBATCH_MAX_STOP_CHARS": str(self.max_stop_chars),
+            "PAGEDBATCH_MAX_REQUEST_OUTPUT_TOKENS": str(self.max_request_output_tokens),
             "PAGEDBATCH_MAX_CONCURRENT_VALIDATIONS": str(self.max_concurrent_validations),
             "PAGEDBATCH_VALIDATION_WAIT_S": str(self.validation_wait_s),
             "PAGEDBATCH_KEY_CACHE_S": str(self.key_cache_s),
         }
+
+    def request_bounds(self, *, openai: bool) -> RequestBounds:
+        """What one request may ask for; the OpenAI face keeps OpenAI's 4 stop strings at most."""
+        stops = min(self.max_stop_strings, OPENAI_MAX_STOP_STRINGS) if openai else self.max_stop_strings
+        return RequestBounds(stops, self.max_stop_chars, self.max_request_output_tokens)
 
     def queue_for(self, model: str) -> str:
         return f"{self.queue_prefix}.{model}"

@@ -16,6 +16,7 @@ from batchfile.model_limits import ModelLimits
 from batchfile.parser import parse_requests
 from batchfile.prompts import SCREEN_CHARS
 from batchfile.request import COMPLETIONS_URL
+from batchfile.sampling import RequestBounds
 from engine.tiny import write_tiny_model
 
 
@@ -74,3 +75,74 @@ def test_concurrent_validations_are_bounded(platform):
     finally:
         slots.release()
     assert client.post("/v1/jobs?model=tiny", data=body, content_type="application/x-ndjson").status_code == 201
+
+
+def _one(limits, data: bytes, **kwargs):
+    (result,) = list(parse_requests(io.BytesIO(data), {limits.name: limits}, **kwargs))
+    return result
+
+
+def test_the_output_budget_bounds_n_max_tokens_and_logprobs(limits):
+    # the 156-byte line that produced 128,000 tokens with 20 logprobs each (58 MB of output)
+    attack = completion("a", "x", model="tiny", max_tokens=1000, n=128, logprobs=5, ignore_eos=True)
+    bad = _one(limits, attack)
+    assert isinstance(bad, LineError) and bad.code == "output_budget_exceeded"
+    assert "n (128) x max_tokens (1000)" in bad.message
+    ok = _one(limits, completion("b", "x", model="tiny", max_tokens=1000, n=128))  # 128,000 without logprobs
+    assert not isinstance(ok, LineError), ok
+    small = RequestBounds(max_output_tokens=1000)
+    assert _one(limits, completion("c", "x", model="tiny", max_tokens=500, n=2), bounds=small).sampling_params.n == 2
+    over = _one(limits, completion("d", "x", model="tiny", max_tokens=501, n=2), bounds=small)
+    assert isinstance(over, LineError) and over.code == "output_budget_exceeded"
+    # chat without max_tokens gets the rest of the context, and the budget applies to that
+    chat = {"custom_id": "e", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "n": 2}}  # fmt: skip
+    over = _one(limits, json.dumps(chat).encode(), bounds=small)
+    assert isinstance(over, LineError) and over.code == "output_budget_exceeded"
+
+
+def test_stop_strings_are_bounded_in_number_and_length(limits):
+    many = _one(limits, completion("a", "x", model="tiny", stop=[str(i) for i in range(300_000)]))
+    assert isinstance(many, LineError) and many.code == "invalid_parameter" and "at most 4" in many.message
+    assert not isinstance(_one(limits, completion("b", "x", model="tiny", stop=["a", "b", "c", "d"])), LineError)
+    five = _one(limits, completion("c", "x", model="tiny", stop=list("abcde")))
+    assert isinstance(five, LineError) and "at most 4" in five.message
+    native = RequestBounds(max_stop_strings=16)
+    five_native = _one(limits, completion("d", "x", model="tiny", stop=list("abcde")), bounds=native)
+    assert not isinstance(five_native, LineError), five_native
+    long = _one(limits, completion("e", "x", model="tiny", stop=["y" * 1001]))
+    assert isinstance(long, LineError) and "at most 1000" in long.message
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "ok"),
+    [
+        ("temperature", 2, True),
+        ("temperature", 2.5, False),
+        ("temperature", 3, False),
+        ("temperature", -0.1, False),
+        ("top_p", 0, True),
+        ("top_p", 1, True),
+        ("top_p", 1.01, False),
+        ("logprobs", 5, True),
+        ("logprobs", 6, False),
+    ],
+)
+def test_ranges_follow_openais_spec(limits, field, value, ok):
+    result = _one(limits, completion("a", "x", model="tiny", **{field: value}))
+    assert isinstance(result, LineError) != ok, result
+    if not ok:
+        assert result.code == "invalid_parameter" and field in result.message
+
+
+def test_top_p_zero_keeps_only_the_most_likely_token(limits):
+    result = _one(limits, completion("a", "x", model="tiny", top_p=0, temperature=1))
+    assert 0 < result.sampling_params.top_p <= 1e-6
+
+
+def test_openai_face_keeps_four_stop_strings_whatever_the_native_setting():
+    from store.settings import Settings
+
+    settings = Settings(max_stop_strings=32)
+    assert settings.request_bounds(openai=True).max_stop_strings == 4
+    assert settings.request_bounds(openai=False).max_stop_strings == 32
