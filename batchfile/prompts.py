@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 
 from batchfile.errors import CHAT_TEMPLATE_ERROR, CONTEXT_LENGTH_EXCEEDED, INVALID_PROMPT, LineError
 from batchfile.model_limits import ModelLimits
@@ -13,11 +14,15 @@ SCREEN_CHARS = 1 << 16  # texts longer than this are counted piece by piece befo
 CUT_SLACK = 4  # tokens a cut between two pieces may add to their count (a word split in two)
 
 
+_PLACEHOLDER = "\ue000pagedbatch-" + secrets.token_hex(8) + "-{}\ue000"  # cannot occur in an input by chance
+
+
 def render(chunk: list[Pending], errors: dict[int, LineError]) -> None:
     """Set `text` of the chunk's chat lines; a line whose template fails gets an error instead."""
     groups: dict[tuple, list[Pending]] = {}
     for p in chunk:
         if p.messages is not None:
+            _guard_content(p)
             kwargs = json.dumps(p.template_kwargs, sort_keys=True) if p.template_kwargs else ""
             groups.setdefault((id(p.limits), kwargs), []).append(p)
     for group in groups.values():
@@ -28,6 +33,20 @@ def render(chunk: list[Pending], errors: dict[int, LineError]) -> None:
             texts = [_render_one(p, errors) for p in group]  # find the offending conversation(s)
         for p, text in zip(group, texts):
             p.text = text
+
+
+def _guard_content(p: Pending) -> None:
+    """Unless the model opts out, message content holding special-token text is rendered as a
+    placeholder and tokenized as plain text (`encode`), so a user cannot forge the template's markers."""
+    if p.limits.special_tokens_in_content or not p.limits.special_strings:
+        return
+    plain: dict[str, str] = {}
+    for message in p.messages:
+        if p.limits.has_special_text(message["content"]):
+            placeholder = _PLACEHOLDER.format(len(plain))
+            plain[placeholder] = message["content"]
+            message["content"] = placeholder
+    p.plain_content = plain or None
 
 
 def _render_one(p: Pending, errors: dict[int, LineError]) -> str | None:
@@ -86,7 +105,8 @@ def to_encode(chunk: list[Pending], errors: dict[int, LineError]) -> list[list[P
     groups: dict[tuple, list[Pending]] = {}
     for p in chunk:
         if p.token_ids is None and p.text is not None and p.line not in errors:
-            groups.setdefault((id(p.limits), p.add_special_tokens), []).append(p)
+            key = (id(p.limits), p.add_special_tokens, p.line if p.plain_content else None)
+            groups.setdefault(key, []).append(p)
     return list(groups.values())
 
 
@@ -95,7 +115,10 @@ def encode(groups: list[list[Pending]], errors: dict[int, LineError]) -> None:
     for group in groups:
         limits, special = group[0].limits, group[0].add_special_tokens
         try:
-            encoded = limits.encode([p.text for p in group], add_special_tokens=special)
+            if group[0].plain_content:  # a group of its own
+                encoded = [limits.encode_guarded(group[0].text, group[0].plain_content, add_special_tokens=special)]
+            else:
+                encoded = limits.encode([p.text for p in group], add_special_tokens=special)
         except Exception:
             encoded = [_encode_one(p, errors) for p in group]
         for p, ids in zip(group, encoded):
@@ -104,6 +127,8 @@ def encode(groups: list[list[Pending]], errors: dict[int, LineError]) -> None:
 
 def _encode_one(p: Pending, errors: dict[int, LineError]) -> list[int] | None:
     try:
+        if p.plain_content:
+            return p.limits.encode_guarded(p.text, p.plain_content, add_special_tokens=p.add_special_tokens)
         return p.limits.encode([p.text], add_special_tokens=p.add_special_tokens)[0]
     except Exception as e:
         errors[p.line] = LineError(p.line, p.custom_id, INVALID_PROMPT, f"tokenization failed: {str(e)[:300]}")

@@ -53,6 +53,7 @@ class Pending:
     add_special_tokens: bool = False
     token_ids: list[int] | None = None
     bounds: RequestBounds = OPENAI_BOUNDS
+    plain_content: dict[str, str] | None = None  # placeholder -> message content to tokenize as plain text
 
 
 def _reject_constant(name: str):

@@ -95,9 +95,9 @@ def create_job(
 def _model_limits(settings: Settings, model: str | None) -> ModelLimits | dict[str, ModelLimits]:
     """The job's model, or every configured model when each line names its own."""
     if model is None:
-        return limits_by_name(settings.models)
+        return limits_by_name(settings.models, settings.special_tokens_in_content)
     try:
-        return limits_of(settings.models, model)
+        return limits_of(settings.models, model, settings.special_tokens_in_content)
     except UnknownModel as exc:
         raise StoreError(str(exc), param="model") from None
 

@@ -50,6 +50,8 @@ class Settings:
     broker_url: str = ""
     storage_url: str = ""
     models: dict[str, str] = field(default_factory=dict)  # model name -> path, for validation
+    # models whose chat content may hold real special tokens (by default such text is plain text)
+    special_tokens_in_content: list[str] = field(default_factory=list)
     max_upload_bytes: int = 200 * 1024 * 1024
     max_lines: int = 50_000
     shard_size: int = 256
@@ -79,6 +81,9 @@ class Settings:
             broker_url=env.get("PAGEDBATCH_BROKER_URL", ""),
             storage_url=env.get("PAGEDBATCH_STORAGE_URL", str(home_dir() / "storage")),
             models=parse_models(env.get("PAGEDBATCH_MODELS", "")),
+            special_tokens_in_content=[
+                m for m in env.get("PAGEDBATCH_SPECIAL_TOKENS_IN_CONTENT", "").split(",") if m.strip()
+            ],
             max_upload_bytes=_env_int("PAGEDBATCH_MAX_UPLOAD_BYTES", 200 * 1024 * 1024),
             max_lines=_env_int("PAGEDBATCH_MAX_LINES", 50_000),
             shard_size=_env_int("PAGEDBATCH_SHARD_SIZE", 256),
@@ -109,6 +114,7 @@ class Settings:
             "PAGEDBATCH_BROKER_URL": self.broker_url,
             "PAGEDBATCH_STORAGE_URL": self.storage_url,
             "PAGEDBATCH_MODELS": format_models(self.models),
+            "PAGEDBATCH_SPECIAL_TOKENS_IN_CONTENT": ",".join(self.special_tokens_in_content),
             "PAGEDBATCH_MAX_UPLOAD_BYTES": str(self.max_upload_bytes),
             "PAGEDBATCH_MAX_LINES": str(self.max_lines),
             "PAGEDBATCH_SHARD_SIZE": str(self.shard_size),
