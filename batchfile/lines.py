@@ -59,12 +59,13 @@ def read_lines(
 
 class LineCounter:
     """Non-blank lines of a stream fed chunk by chunk (blank lines do not count towards a limit), and
-    whether it has a bare CR (a carriage return not followed by a line feed: CR-only line endings,
-    which would otherwise read as one giant line)."""
+    whether it uses CR-only line endings (carriage returns and no line feed at all), which would
+    otherwise read as one giant line."""
 
     def __init__(self):
         self.lines = 0
-        self.bare_cr = False
+        self.bare_cr = False  # a carriage return not followed by a line feed
+        self.line_feeds = False
         self._pending = False  # the current, unfinished line has non-blank content
         self._ends_with_cr = False
 
@@ -78,6 +79,7 @@ class LineCounter:
         if crs and crs != chunk.count(b"\r\n") + chunk.endswith(b"\r"):
             self.bare_cr = True
         self._ends_with_cr = chunk.endswith(b"\r")
+        self.line_feeds = self.line_feeds or b"\n" in chunk
         *complete, last = chunk.split(b"\n")
         for piece in complete:
             if self._pending or piece.strip():
@@ -94,6 +96,12 @@ class LineCounter:
             self.lines += 1
             self._pending = False
         return self.lines
+
+    @property
+    def cr_only(self) -> bool:
+        """Content split by carriage returns alone (call after `finish`). A stray CR in a file with line
+        feeds is left to the line it is in (JSON whitespace there, or that line's error)."""
+        return self.bare_cr and not self.line_feeds and self.lines > 0
 
 
 @dataclass

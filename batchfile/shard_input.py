@@ -51,9 +51,9 @@ def validate_stream(
     bounds: RequestBounds = OPENAI_BOUNDS,
 ) -> Iterator[GoodLine | BadLine]:
     """Parse and validate line by line. With one `ModelLimits` every line runs on it (the native
-    API); with {name: ModelLimits} each line's body.model must name one (the OpenAI API). With an
-    `endpoint` every line's url must be it."""
-    for item in parse_requests(stream, models, defaults=defaults, bounds=bounds):
+    API; a line's body.model, if given, must name it); with {name: ModelLimits} each line's
+    body.model must name one (the OpenAI API). With an `endpoint` every line's url must be it."""
+    for item in parse_requests(stream, models, defaults=defaults, bounds=bounds, strict_model=True):
         if isinstance(item, LineError):
             yield BadLine(item)
         elif endpoint is not None and item.url != endpoint:

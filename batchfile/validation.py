@@ -12,6 +12,7 @@ from typing import Any
 from batchfile.errors import (
     CONTEXT_LENGTH_EXCEEDED,
     DUPLICATE_CUSTOM_ID,
+    DUPLICATE_KEY,
     INVALID_CUSTOM_ID,
     INVALID_JSON,
     INVALID_MESSAGES,
@@ -23,6 +24,7 @@ from batchfile.errors import (
     INVALID_UTF8,
     LINE_TOO_LONG,
     MISSING_MODEL,
+    MODEL_MISMATCH,
     MODEL_NOT_FOUND,
     InvalidLine,
     LineError,
@@ -60,7 +62,17 @@ def _reject_constant(name: str):
     raise InvalidLine(INVALID_JSON, f"line is not valid JSON: {name} is not allowed")
 
 
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """An object whose keys are all different: a repeated key is an error, not "the last one wins"."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        repeated = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise InvalidLine(DUPLICATE_KEY, f"line has the key {repeated!r:.60} more than once in one object")
+    return obj
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
 
 
 def _parse_json(content: bytes):
@@ -80,8 +92,9 @@ class LineValidator:
     """Validates the lines of one input in order (it remembers the custom_ids it has seen).
 
     `models`: the known models by name (body.model must name one), or one `ModelLimits` that
-    serves every line whatever its body.model says. `defaults`: job-level body fields that a
-    line's own fields override. `bounds`: what one request may ask for.
+    serves every line whatever its body.model says, or (`strict_model`) lines whose body.model is
+    absent or names it. `defaults`: job-level body fields that a line's own fields override.
+    `bounds`: what one request may ask for.
     """
 
     def __init__(
@@ -89,6 +102,7 @@ class LineValidator:
         models: ModelLimits | Mapping[str, ModelLimits],
         defaults: Mapping | None = None,
         bounds: RequestBounds = OPENAI_BOUNDS,
+        strict_model: bool = False,
     ):
         if isinstance(models, ModelLimits):
             self.forced: ModelLimits | None = models
@@ -97,6 +111,7 @@ class LineValidator:
             self.forced, self.models = None, models
         self.defaults = defaults
         self.bounds = bounds
+        self.strict_model = strict_model
         self.seen: set[str] = set()
 
     def check_line(self, line: int, content: bytes | None, max_line_bytes: int) -> Pending | LineError:
@@ -151,6 +166,12 @@ class LineValidator:
 
     def _model(self, name) -> ModelLimits:
         if self.forced is not None:
+            if self.strict_model and name is not None and name != self.forced.name:
+                raise InvalidLine(
+                    MODEL_MISMATCH,
+                    f"body.model {name!r:.80} is not this job's model {self.forced.name!r}; "
+                    "leave it out or name the job's model",
+                )
             return self.forced
         if name is None:
             raise InvalidLine(MISSING_MODEL, "body.model is required")

@@ -84,13 +84,13 @@ def _copy_within_limits(
         out.write(chunk)
     if counter.finish() > settings.max_lines:
         raise _too_many_lines(settings)
-    if counter.bare_cr:
-        raise StoreError(BARE_CR_MESSAGE, param="file")
+    if counter.cr_only:
+        raise StoreError(CR_ONLY_MESSAGE, param="file")
     return size, counter.lines
 
 
-BARE_CR_MESSAGE = (
-    "the file has a carriage return not followed by a line feed; lines must end with LF or CRLF "
+CR_ONLY_MESSAGE = (
+    "the file separates its lines by carriage returns alone; lines must end with LF or CRLF "
     "(CR-only line endings are not supported)"
 )
 
