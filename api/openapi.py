@@ -177,7 +177,15 @@ def _file_paths() -> dict:
                 file,
                 {**ERRORS, **TOO_LARGE},
                 description="Held to the tenant's file quota (count and bytes); DELETE frees it.",
-                requestBody=_multipart(["file", "purpose"], {"file": JSONL_FILE, "purpose": {"const": "batch"}}),
+                requestBody=_multipart(
+                    ["file", "purpose"],
+                    {
+                        "file": JSONL_FILE,
+                        "purpose": {"const": "batch"},
+                        "expires_after[anchor]": {"const": "created_at"},
+                        "expires_after[seconds]": {"type": "integer", "minimum": 3600, "maximum": 2592000},
+                    },
+                ),
             ),
             "get": _operation(
                 "List files (OpenAI)",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import timedelta
 from typing import IO
 
 from sqlalchemy import or_, select
@@ -27,16 +28,20 @@ def store_upload(
     filename: str,
     purpose: str = "batch",
     for_job: bool = False,
+    expires_after_s: int | None = None,
 ) -> File:
     """Stream an upload into the storage, enforcing the size and line limits (TooLarge: 413) and the
     tenant's file quota (QuotaExceeded). The quota, and with `for_job` the tenant's active-job limit,
-    are checked before anything is written."""
+    are checked before anything is written. With `expires_after_s` the file is gone that long after
+    its creation (OpenAI's `expires_after`)."""
     room = check_upload_allowed(settings, tenant, for_job=for_job)
+    purge_expired(settings, tenant)
     file_id = ids.file_id()
     key = file_key(file_id)
     storage = get_storage(settings.storage_url)
     with storage.open_write(key) as out:
         size, lines = _copy_within_limits(settings, chunks, out, room)
+    now = utcnow()
     record = File(
         id=file_id,
         tenant=tenant,
@@ -45,6 +50,8 @@ def store_upload(
         bytes=size,
         line_count=lines,
         storage_key=key,
+        created_at=now,
+        expires_at=None if expires_after_s is None else now + timedelta(seconds=expires_after_s),
     )
     try:
         with session_scope(settings.database_url) as s:
@@ -136,6 +143,22 @@ def delete_file(settings: Settings, tenant: str, file_id: str) -> File:
         raise Conflict(f"file {file_id} is the input of batch {user}, which has not finished", param="file_id")
     _delete(settings, record.id)
     return record
+
+
+def purge_expired(settings: Settings, tenant: str, limit: int = 100) -> int:
+    """Delete up to `limit` of the tenant's expired files (their content goes now; reads already skip
+    them). Run at each upload, so expired files do not hold storage while their tenant keeps working."""
+    with session_scope(settings.database_url) as s:
+        expired = list(
+            s.scalars(
+                select(File.id)
+                .where(File.tenant == tenant, File.deleted_at.is_(None), File.expires_at <= utcnow())
+                .limit(limit)
+            )
+        )
+    for file_id in expired:
+        _delete(settings, file_id)
+    return len(expired)
 
 
 def _delete(settings: Settings, file_id: str) -> None:

@@ -121,3 +121,33 @@ def test_list_files_default_limit_is_openais(platform):
         _upload(client, jsonl([chat_line("a", str(i))]))
     listed = client.get("/v1/files").get_json()
     assert len(listed["data"]) == 105 and listed["has_more"] is False
+
+
+def test_expires_after_is_stored_returned_and_honoured(platform, live_url):
+    from datetime import timedelta
+
+    from store.db import session_scope
+    from store.models import File, utcnow
+
+    client = openai.OpenAI(base_url=live_url + "/v1", api_key=platform.api_key, max_retries=0)
+    created = client.files.create(
+        file=("in.jsonl", jsonl([chat_line("a", "hi")])),
+        purpose="batch",
+        expires_after={"anchor": "created_at", "seconds": 3600},
+    )
+    assert created.expires_at == created.created_at + 3600
+    assert client.files.retrieve(created.id).expires_at == created.expires_at
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.files.create(
+            file=("in.jsonl", b"{}\n"), purpose="batch", expires_after={"anchor": "created_at", "seconds": 60}
+        )
+    assert bad.value.body["param"] == "expires_after.seconds"
+
+    with session_scope(platform.settings.database_url) as s:  # an hour later
+        s.get(File, created.id).expires_at = utcnow() - timedelta(seconds=1)
+    stored = Path(platform.settings.storage_url) / "files" / f"{created.id}.jsonl"
+    assert created.id not in {f.id for f in client.files.list()}
+    client.files.create(file=("next.jsonl", jsonl([chat_line("b", "hi")])), purpose="batch")
+    assert not stored.exists()  # the tenant's next upload purged it
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(created.id)

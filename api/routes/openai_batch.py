@@ -10,7 +10,14 @@ from api.auth import current_tenant
 from api.errors import ApiError
 from api.objects import BATCH_ENDPOINTS, COMPLETION_WINDOWS, BatchList, FileDeleted, FileList
 from api.platform import settings, validation_slot
-from api.routes.params import limit_param, metadata_param, order_param, parse_json, reject_nul_bytes
+from api.routes.params import (
+    expires_after_param,
+    limit_param,
+    metadata_param,
+    order_param,
+    parse_json,
+    reject_nul_bytes,
+)
 from api.routes.responses import cached_job_body, send_object, send_stored
 from api.routes.uploads import check_content_length, upload_chunks, upload_filename
 from api.serializers import batch_object, file_object, page
@@ -38,12 +45,14 @@ def create_file():
     purpose = request.form.get("purpose")
     if purpose != "batch":
         raise ApiError(400, "only purpose 'batch' is supported", param="purpose")
+    expires_after = expires_after_param(request.form)
     record = files.store_upload(
         settings(),
         upload_chunks(upload.stream),
         tenant=current_tenant(),
         filename=upload_filename(upload),
         purpose="batch",
+        expires_after_s=expires_after,
     )
     return send_object(file_object(record))
 

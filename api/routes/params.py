@@ -95,3 +95,29 @@ def order_param() -> str:
     if order not in ("asc", "desc"):
         raise ApiError(400, f"order must be 'asc' or 'desc', got {order!r:.40}", param="order")
     return order
+
+
+EXPIRES_MIN_S, EXPIRES_MAX_S = 3600, 30 * 24 * 3600  # OpenAI's range: an hour to 30 days
+
+
+def expires_after_param(form, name: str = "expires_after") -> int | None:
+    """OpenAI's `expires_after` ({anchor: "created_at", seconds}) as seconds after creation, from a
+    multipart form (the official client sends `expires_after[anchor]` and `expires_after[seconds]`)
+    or a JSON object; None when absent."""
+    raw = form.get(name)
+    value = json_param(raw, name) if raw else None
+    anchor = (value or {}).get("anchor", form.get(f"{name}[anchor]"))
+    seconds = (value or {}).get("seconds", form.get(f"{name}[seconds]"))
+    if anchor is None and seconds is None:
+        return None
+    if anchor != "created_at":
+        raise ApiError(400, f"{name}.anchor must be 'created_at'", param=f"{name}.anchor")
+    try:
+        seconds = int(seconds)
+    except (TypeError, ValueError):
+        raise ApiError(400, f"{name}.seconds must be an integer", param=f"{name}.seconds") from None
+    if not EXPIRES_MIN_S <= seconds <= EXPIRES_MAX_S:
+        raise ApiError(
+            400, f"{name}.seconds must be between {EXPIRES_MIN_S} and {EXPIRES_MAX_S}", param=f"{name}.seconds"
+        )
+    return seconds
