@@ -7,6 +7,7 @@ from datetime import timedelta
 from typing import IO
 
 from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
 
 from batchfile.lines import LineCounter
 from store import ids
@@ -119,6 +120,16 @@ def register_file(settings: Settings, *, tenant: str, key: str, filename: str, p
     with session_scope(settings.database_url) as s:
         s.add(record)
     return record
+
+
+def set_output_expiry(session: Session, job: Job) -> None:
+    """Give the job's output and error files the expiry its batch asked for (output_expires_after)."""
+    if job.output_expires_after_s is None:
+        return
+    for file_id in (job.output_file_id, job.error_file_id):
+        record = session.get(File, file_id) if file_id else None
+        if record is not None:
+            record.expires_at = record.created_at + timedelta(seconds=job.output_expires_after_s)
 
 
 def get_file(settings: Settings, tenant: str, file_id: str) -> File:

@@ -59,6 +59,7 @@ def create_job(
     defaults: dict | None = None,
     metadata: dict | None = None,
     completion_window: str = "24h",
+    output_expires_after_s: int | None = None,
 ) -> Job:
     """Validate `input_file` line by line (streamed), split the valid lines into shards and enqueue them.
 
@@ -74,6 +75,7 @@ def create_job(
         model=model,
         defaults=defaults or None,
         job_metadata=metadata or None,
+        output_expires_after_s=output_expires_after_s,
     )
     sharded = shard_input(settings, job.id, input_file, models, endpoint=endpoint, defaults=defaults)
     if sharded.bad_lines:

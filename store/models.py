@@ -64,6 +64,8 @@ class Job(Base):
     defaults: Mapped[dict | None] = mapped_column(JSONType, nullable=True)
     job_metadata: Mapped[dict | None] = mapped_column("metadata", JSONType, nullable=True)
     completion_window: Mapped[str] = mapped_column(String(16), default="24h")
+    # OpenAI's output_expires_after: the output and error files expire this long after their creation
+    output_expires_after_s: Mapped[int | None] = mapped_column(Integer, nullable=True)
     input_file_id: Mapped[str | None] = mapped_column(ForeignKey("files.id"), nullable=True)
     output_file_id: Mapped[str | None] = mapped_column(ForeignKey("files.id"), nullable=True)
     error_file_id: Mapped[str | None] = mapped_column(ForeignKey("files.id"), nullable=True)

@@ -151,3 +151,27 @@ def test_expires_after_is_stored_returned_and_honoured(platform, live_url):
     assert not stored.exists()  # the tenant's next upload purged it
     with pytest.raises(openai.NotFoundError):
         client.files.retrieve(created.id)
+
+
+def test_batch_output_expires_after_sets_the_output_files_expiry(worker, live_url):
+    from tests.helpers import wait_for
+
+    client = openai.OpenAI(base_url=live_url + "/v1", api_key=worker.api_key, max_retries=0)
+    lines = [chat_line("ok", "hi"), chat_line("bad", "hi", temperature=9)]
+    file = client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.batches.create(
+            input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h",
+            output_expires_after={"anchor": "created_at", "seconds": 10},
+        )  # fmt: skip
+    assert bad.value.body["param"] == "output_expires_after.seconds"
+    batch = client.batches.create(
+        input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h",
+        output_expires_after={"anchor": "created_at", "seconds": 7200},
+    )  # fmt: skip
+    done = wait_for(lambda: client.batches.retrieve(batch.id).model_dump())
+    assert done["status"] == "completed"
+    for file_id in (done["output_file_id"], done["error_file_id"]):
+        produced = client.files.retrieve(file_id)
+        assert produced.expires_at == produced.created_at + 7200
+    assert client.files.retrieve(file.id).expires_at is None  # the input keeps its own policy

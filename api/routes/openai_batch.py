@@ -12,6 +12,7 @@ from api.objects import BATCH_ENDPOINTS, COMPLETION_WINDOWS, BatchList, FileDele
 from api.platform import settings, validation_slot
 from api.routes.params import (
     expires_after_param,
+    expires_after_value,
     limit_param,
     metadata_param,
     order_param,
@@ -112,6 +113,7 @@ def _batch_request() -> dict:
         "endpoint": endpoint,
         "completion_window": window,
         "metadata": metadata_param(body.get("metadata")),
+        "output_expires_after_s": expires_after_value(body.get("output_expires_after"), "output_expires_after"),
     }
 
 

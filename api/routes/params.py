@@ -106,13 +106,28 @@ def expires_after_param(form, name: str = "expires_after") -> int | None:
     or a JSON object; None when absent."""
     raw = form.get(name)
     value = json_param(raw, name) if raw else None
-    anchor = (value or {}).get("anchor", form.get(f"{name}[anchor]"))
-    seconds = (value or {}).get("seconds", form.get(f"{name}[seconds]"))
+    if value is not None:
+        return expires_after_value(value, name)
+    return _expires_seconds(form.get(f"{name}[anchor]"), form.get(f"{name}[seconds]"), name)
+
+
+def expires_after_value(value, name: str) -> int | None:
+    """The same from a JSON body's object (a batch's `output_expires_after`)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ApiError(400, f"{name} must be an object {{anchor, seconds}}", param=name)
+    return _expires_seconds(value.get("anchor"), value.get("seconds"), name)
+
+
+def _expires_seconds(anchor, seconds, name: str) -> int | None:
     if anchor is None and seconds is None:
         return None
     if anchor != "created_at":
         raise ApiError(400, f"{name}.anchor must be 'created_at'", param=f"{name}.anchor")
     try:
+        if isinstance(seconds, bool | float):
+            raise TypeError
         seconds = int(seconds)
     except (TypeError, ValueError):
         raise ApiError(400, f"{name}.seconds must be an integer", param=f"{name}.seconds") from None

@@ -1,4 +1,4 @@
-"""file quota and deletion: per-tenant file limits, soft-deleted files, file expiry
+"""file quota and deletion: per-tenant file limits, soft-deleted files, file expiry, batch output expiry
 
 Revision ID: 0004
 Revises: 0003
@@ -21,11 +21,13 @@ def upgrade() -> None:
     op.add_column("tenants", sa.Column("max_file_bytes", sa.BigInteger(), nullable=True))
     op.add_column("files", sa.Column("deleted_at", sa.DateTime(timezone=True), nullable=True))
     op.add_column("files", sa.Column("expires_at", sa.DateTime(timezone=True), nullable=True))
+    op.add_column("jobs", sa.Column("output_expires_after_s", sa.Integer(), nullable=True))
     op.create_index("ix_files_tenant_created", "files", ["tenant", "created_at", "id"], unique=False)
 
 
 def downgrade() -> None:
     op.drop_index("ix_files_tenant_created", table_name="files")
+    op.drop_column("jobs", "output_expires_after_s")
     op.drop_column("files", "expires_at")
     op.drop_column("files", "deleted_at")
     op.drop_column("tenants", "max_file_bytes")
