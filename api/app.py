@@ -18,7 +18,7 @@ def create_app(settings: Settings | None = None, *, warm: bool = True) -> Flask:
     workers) rather than on the first upload."""
     settings = settings or Settings.from_env()
     if warm and settings.models:
-        limits_by_name(settings.models)
+        limits_by_name(settings.models, settings.special_tokens_in_content)
     app = Flask("pagedbatch")
     app.request_class = UploadRequest  # multipart uploads are cut off at the limits while they stream
     app.config["MAX_CONTENT_LENGTH"] = settings.max_upload_bytes + FRAMING_ROOM

@@ -16,6 +16,7 @@ _TYPES = {
     401: "authentication_error",
     429: "rate_limit_error",
     500: "server_error",
+    503: "server_error",
 }
 
 

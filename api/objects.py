@@ -70,6 +70,14 @@ class File(ApiObject):
     status_details: str | None = None
 
 
+class FileDeleted(ApiObject):
+    """The answer to DELETE /v1/files/{file_id} (OpenAI's FileDeleted)."""
+
+    id: str
+    object: Literal["file"] = "file"
+    deleted: bool
+
+
 class BatchErrors(ApiObject):
     object: Literal["list"] = "list"
     data: list[LineError]
@@ -214,20 +222,29 @@ class ModelList(ApiObject):
     data: list[Model]
 
 
+class ExpiresAfter(ApiObject):
+    """OpenAI's expiration policy: the file is gone `seconds` (an hour to 30 days) after it is created."""
+
+    anchor: Literal["created_at"]
+    seconds: int = Field(ge=3600, le=2_592_000)
+
+
 class BatchCreate(ApiObject):
     """The body of POST /v1/batches (OpenAI's batch create parameters)."""
 
-    model_config = ConfigDict(extra="allow")  # OpenAI's other parameters (output_expires_after) are ignored
+    model_config = ConfigDict(extra="allow")  # OpenAI's other parameters are ignored
 
     input_file_id: str
     endpoint: Literal[BATCH_ENDPOINTS]
     completion_window: Literal[COMPLETION_WINDOWS]
     metadata: Metadata = None
+    output_expires_after: ExpiresAfter | None = None
 
 
 RESPONSE_OBJECTS: tuple[type[ApiObject], ...] = (
     ErrorResponse,
     File,
+    FileDeleted,
     Batch,
     Job,
     FileList,

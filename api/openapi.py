@@ -176,16 +176,38 @@ def _file_paths() -> dict:
                 "Upload a batch input file (OpenAI)",
                 file,
                 {**ERRORS, **TOO_LARGE},
-                requestBody=_multipart(["file", "purpose"], {"file": JSONL_FILE, "purpose": {"const": "batch"}}),
+                description="Held to the tenant's file quota (count and bytes); DELETE frees it.",
+                requestBody=_multipart(
+                    ["file", "purpose"],
+                    {
+                        "file": JSONL_FILE,
+                        "purpose": {"const": "batch"},
+                        "expires_after[anchor]": {"const": "created_at"},
+                        "expires_after[seconds]": {"type": "integer", "minimum": 3600, "maximum": 2592000},
+                    },
+                ),
             ),
             "get": _operation(
                 "List files (OpenAI)",
                 ("200", _json(_ref("FileList"))),
                 ERRORS,
-                parameters=[_query("purpose", {"type": "string"}), _limit(100, 10_000), AFTER],
+                parameters=[
+                    _query("purpose", {"type": "string"}),
+                    _limit(10_000, 10_000),
+                    AFTER,
+                    _query("order", {"enum": ["asc", "desc"], "default": "desc"}, "By created_at"),
+                ],
             ),
         },
-        "/v1/files/{file_id}": {"get": _operation("A file (OpenAI)", file, ERRORS, parameters=[FILE_ID])},
+        "/v1/files/{file_id}": {
+            "get": _operation("A file (OpenAI)", file, ERRORS, parameters=[FILE_ID]),
+            "delete": _operation(
+                "Delete a file and its content (OpenAI)",
+                ("200", _json(_ref("FileDeleted"))),
+                {**ERRORS, "409": "The file is the input of a batch that has not finished"},
+                parameters=[FILE_ID],
+            ),
+        },
         "/v1/files/{file_id}/content": {
             "get": _operation(
                 "A file's content (OpenAI)",

@@ -20,6 +20,7 @@ def file_object(record: File) -> objects.File:
         created_at=ts(record.created_at),
         filename=record.filename,
         purpose=record.purpose,
+        expires_at=ts(record.expires_at),
     )
 
 

@@ -57,6 +57,53 @@ def read_lines(
         yield number, None if too_long else content
 
 
+class LineCounter:
+    """Non-blank lines of a stream fed chunk by chunk (blank lines do not count towards a limit), and
+    whether it uses CR-only line endings (carriage returns and no line feed at all), which would
+    otherwise read as one giant line."""
+
+    def __init__(self):
+        self.lines = 0
+        self.bare_cr = False  # a carriage return not followed by a line feed
+        self.line_feeds = False
+        self._pending = False  # the current, unfinished line has non-blank content
+        self._ends_with_cr = False
+
+    def feed(self, chunk: bytes) -> int:
+        """Count the chunk; returns the non-blank lines so far (the unfinished last one not included)."""
+        if not chunk:
+            return self.lines
+        if self._ends_with_cr and not chunk.startswith(b"\n"):
+            self.bare_cr = True
+        crs = chunk.count(b"\r")
+        if crs and crs != chunk.count(b"\r\n") + chunk.endswith(b"\r"):
+            self.bare_cr = True
+        self._ends_with_cr = chunk.endswith(b"\r")
+        self.line_feeds = self.line_feeds or b"\n" in chunk
+        *complete, last = chunk.split(b"\n")
+        for piece in complete:
+            if self._pending or piece.strip():
+                self.lines += 1
+            self._pending = False
+        self._pending = self._pending or bool(last.strip())
+        return self.lines
+
+    def finish(self) -> int:
+        """All non-blank lines, the last one counted even without a line break."""
+        if self._ends_with_cr:
+            self.bare_cr = True
+        if self._pending:
+            self.lines += 1
+            self._pending = False
+        return self.lines
+
+    @property
+    def cr_only(self) -> bool:
+        """Content split by carriage returns alone (call after `finish`). A stray CR in a file with line
+        feeds is left to the line it is in (JSON whitespace there, or that line's error)."""
+        return self.bare_cr and not self.line_feeds and self.lines > 0
+
+
 @dataclass
 class LineCount:
     lines: int  # non-blank lines
@@ -65,8 +112,8 @@ class LineCount:
 
 def count_lines(stream: IO[bytes], *, max_lines: int | None = None, max_bytes: int | None = None) -> LineCount:
     """Count non-blank lines and bytes in one cheap pass, raising `InputTooLarge` over a limit."""
-    lines = total = 0
-    pending = False  # the current, unfinished line has non-blank content
+    counter = LineCounter()
+    total = 0
     while chunk := stream.read(1 << 20):
         if total == 0 and chunk.startswith(_BOM):
             chunk = chunk[len(_BOM) :]
@@ -74,16 +121,9 @@ def count_lines(stream: IO[bytes], *, max_lines: int | None = None, max_bytes: i
         total += len(chunk)
         if max_bytes is not None and total > max_bytes:
             raise InputTooLarge("bytes", max_bytes, total)
-        *complete, last = chunk.split(b"\n")
-        for piece in complete:
-            if pending or piece.strip():
-                lines += 1
-            pending = False
-        pending = pending or bool(last.strip())
-        if max_lines is not None and lines > max_lines:
-            raise InputTooLarge("lines", max_lines, lines)
-    if pending:
-        lines += 1
-        if max_lines is not None and lines > max_lines:
-            raise InputTooLarge("lines", max_lines, lines)
+        if counter.feed(chunk) > (max_lines if max_lines is not None else counter.lines):
+            raise InputTooLarge("lines", max_lines, counter.lines)
+    lines = counter.finish()
+    if max_lines is not None and lines > max_lines:
+        raise InputTooLarge("lines", max_lines, lines)
     return LineCount(lines, total)

@@ -4,7 +4,8 @@ loaded once per process and without weights."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,11 +24,21 @@ class ModelLimits:
     tokenizer: Any  # a Hugging Face tokenizer (fast ones are batched through their Rust backend)
     max_model_len: int
     vocab_size: int
+    # False (the default): special-token text in chat message content ("<|im_start|>system") is plain
+    # text; only the chat template's own markers are special. True: it becomes the special token (vLLM's way).
+    special_tokens_in_content: bool = False
 
     @classmethod
-    def from_dir(cls, model_dir, *, name: str | None = None, max_model_len: int | None = None) -> ModelLimits:
+    def from_dir(
+        cls,
+        model_dir,
+        *,
+        name: str | None = None,
+        max_model_len: int | None = None,
+        special_tokens_in_content: bool = False,
+    ) -> ModelLimits:
         """Load (once per process and arguments) from a Hugging Face model directory."""
-        return _load(str(Path(model_dir).resolve()), name, max_model_len)
+        return _load(str(Path(model_dir).resolve()), name, max_model_len, special_tokens_in_content)
 
     def render_chat(self, conversations: list[list[dict]], template_kwargs: Mapping | None = None) -> list[str]:
         """Each conversation through the chat template, with the generation prompt appended."""
@@ -41,6 +52,51 @@ class ModelLimits:
             encode = getattr(backend, "encode_batch_fast", None) or backend.encode_batch
             return [e.ids for e in encode(texts, add_special_tokens=add_special_tokens)]
         return list(self.tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"])
+
+    @functools.cached_property
+    def special_strings(self) -> tuple[str, ...]:
+        """The text of the tokenizer's special tokens (the ones a chat template's markers use)."""
+        added = getattr(self.tokenizer, "added_tokens_decoder", {}) or {}
+        found = {t.content for t in added.values() if getattr(t, "special", False) and t.content}
+        found.update(getattr(self.tokenizer, "all_special_tokens", ()) or ())
+        return tuple(sorted(found))
+
+    def has_special_text(self, text: str) -> bool:
+        return any(marker in text for marker in self.special_strings)
+
+    def encode_guarded(self, text: str, plain: Mapping[str, str], *, add_special_tokens: bool) -> list[int]:
+        """Token ids of `text`, in which each key of `plain` (a placeholder) stands for its value, a piece
+        of user content tokenized as plain text: special-token strings in it stay text."""
+        ids: list[int] = []
+        pos = 0
+        for match in re.finditer("|".join(map(re.escape, plain)), text):
+            ids += self._encode_piece(text[pos : match.start()], add_special_tokens and not ids)
+            ids += self._encode_plain(plain[match.group()])
+            pos = match.end()
+        return ids + self._encode_piece(text[pos:], add_special_tokens and not ids)
+
+    def _encode_piece(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self.encode([text], add_special_tokens=add_special_tokens)[0] if text else []
+
+    def _encode_plain(self, text: str) -> list[int]:
+        if not text:
+            return []
+        if self._plain_backend is not None:
+            return self._plain_backend.encode(text, add_special_tokens=False).ids
+        return list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+
+    @functools.cached_property
+    def _plain_backend(self):
+        """A copy of the Rust tokenizer that never matches special tokens (its own copy: the flag is
+        per tokenizer, and the shared one is used from several threads)."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None or not self._fast:
+            return None
+        from tokenizers import Tokenizer
+
+        plain = Tokenizer.from_str(backend.to_str())
+        plain.encode_special_tokens = True
+        return plain
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
@@ -60,25 +116,29 @@ class ModelLimits:
 
 
 @functools.lru_cache(maxsize=16)
-def _load(model_dir: str, name: str | None, max_model_len: int | None) -> ModelLimits:
+def _load(model_dir: str, name: str | None, max_model_len: int | None, special_in_content: bool) -> ModelLimits:
     from transformers import AutoTokenizer
 
     config = read_config(model_dir)
     length = context_length(config, max_model_len)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size") or len(tokenizer)
-    return ModelLimits(name or Path(model_dir).name, tokenizer, length, int(vocab))
+    return ModelLimits(name or Path(model_dir).name, tokenizer, length, int(vocab), special_in_content)
 
 
-def limits_by_name(model_dirs: Mapping[str, str]) -> dict[str, ModelLimits]:
-    """Every configured model's limits, from {name: model directory}."""
-    return {name: ModelLimits.from_dir(path, name=name) for name, path in model_dirs.items()}
+def limits_by_name(model_dirs: Mapping[str, str], special_in_content: Collection[str] = ()) -> dict[str, ModelLimits]:
+    """Every configured model's limits, from {name: model directory}; `special_in_content` names the
+    models whose chat content may hold real special tokens (the per-model opt-out)."""
+    return {
+        name: ModelLimits.from_dir(path, name=name, special_tokens_in_content=name in special_in_content)
+        for name, path in model_dirs.items()
+    }
 
 
-def limits_of(model_dirs: Mapping[str, str], name: str) -> ModelLimits:
+def limits_of(model_dirs: Mapping[str, str], name: str, special_in_content: Collection[str] = ()) -> ModelLimits:
     """One configured model's limits; `UnknownModel` when `name` is not configured."""
     path = model_dirs.get(name)
     if path is None:
         known = ", ".join(sorted(model_dirs)) or "none"
         raise UnknownModel(f"unknown model {name!r}; available: {known}")
-    return ModelLimits.from_dir(path, name=name)
+    return ModelLimits.from_dir(path, name=name, special_tokens_in_content=name in special_in_content)

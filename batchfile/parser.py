@@ -14,6 +14,7 @@ from batchfile.errors import InvalidLine, LineError
 from batchfile.lines import DEFAULT_MAX_LINE_BYTES, read_lines
 from batchfile.model_limits import ModelLimits
 from batchfile.request import ParsedRequest
+from batchfile.sampling import OPENAI_BOUNDS, RequestBounds
 from batchfile.validation import LineValidator, Pending, finish
 
 
@@ -26,18 +27,22 @@ def parse_requests(
     max_lines: int | None = None,
     max_bytes: int | None = None,
     chunk_size: int = 256,
+    bounds: RequestBounds = OPENAI_BOUNDS,
+    strict_model: bool = False,
 ) -> Iterator[ParsedRequest | LineError]:
     """Yield a ParsedRequest or a LineError per non-blank line of `stream`, in line order.
 
     `models`: the known models by name (body.model must name one), or one `ModelLimits` that
-    serves every line whatever its body.model says (the offline path). `defaults`: job-level body
-    fields (OpenAI names, e.g. ``{"max_tokens": 256}``) that a line's own fields override.
+    serves every line whatever its body.model says (the offline path), or with `strict_model` the lines
+    whose body.model is absent or names it (the native API). `defaults`: job-level body
+    fields (OpenAI names, e.g. ``{"max_tokens": 256}``) that a line's own fields override. `bounds`:
+    what one request may ask for (stop strings, output budget).
     Raises only `InputTooLarge` (past `max_lines` non-blank lines or `max_bytes` bytes).
 
     Lines are handled in chunks of `chunk_size`: while one chunk is tokenized in a helper thread,
     the next one is parsed, so at most three chunks are held at a time.
     """
-    validator = LineValidator(models, defaults)
+    validator = LineValidator(models, defaults, bounds, strict_model)
     lines = read_lines(stream, max_line_bytes, max_lines, max_bytes)
     checked = (validator.check_line(number, content, max_line_bytes) for number, content in lines)
     pool = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
@@ -66,6 +71,7 @@ class _Chunk:
         errors: dict[int, LineError] = {}
         pending = [p for p in items if isinstance(p, Pending)]
         prompts.render(pending, errors)
+        prompts.screen_long(pending, errors)
         groups = prompts.to_encode(pending, errors)
         return cls(items, errors, pool.submit(prompts.encode, groups, errors) if groups else None)
 

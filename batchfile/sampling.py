@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 
-from batchfile.errors import INVALID_PARAMETER, UNSUPPORTED_PARAMETER, InvalidLine
+from batchfile.errors import INVALID_PARAMETER, OUTPUT_BUDGET_EXCEEDED, UNSUPPORTED_PARAMETER, InvalidLine
 from batchfile.fields import (
     MAX_INT32,
     as_bool,
@@ -14,11 +15,28 @@ from batchfile.fields import (
     as_stop,
     as_token_ids,
     bounded_int,
+    in_range,
 )
 from batchfile.request import CHAT_URL
 
 MAX_N = 128
-MAX_LOGPROBS = 20
+MAX_LOGPROBS = 20  # chat's top_logprobs (OpenAI's range)
+MAX_COMPLETIONS_LOGPROBS = 5  # completions' logprobs (OpenAI's range)
+MAX_TEMPERATURE = 2.0
+OPENAI_MAX_STOP_STRINGS = 4
+MIN_TOP_P = 1e-9  # what top_p 0 (OpenAI: only the most likely token) becomes: the engine keeps just the top token
+
+
+@dataclass(frozen=True)
+class RequestBounds:
+    """What one request may ask for, so that no line can cost unbounded memory or time."""
+
+    max_stop_strings: int = OPENAI_MAX_STOP_STRINGS
+    max_stop_chars: int = 1000  # the length of one stop string
+    max_output_tokens: int = 1 << 18  # n x max_tokens x (1 + logprobs asked per token)
+
+
+OPENAI_BOUNDS = RequestBounds()
 # OpenAI's default for /v1/completions; chat defaults to the rest of the context.
 DEFAULT_COMPLETIONS_MAX_TOKENS = 16
 
@@ -26,8 +44,8 @@ DEFAULT_COMPLETIONS_MAX_TOKENS = 16
 _SAMPLING_FIELDS = {
     "max_tokens": ("max_tokens", as_int),
     "max_completion_tokens": ("max_tokens", as_int),
-    "temperature": ("temperature", as_float),
-    "top_p": ("top_p", as_float),
+    "temperature": ("temperature", lambda name, value: _temperature(name, value)),
+    "top_p": ("top_p", lambda name, value: _top_p(name, value)),
     "n": ("n", bounded_int(1, MAX_N)),
     "stop": ("stop", as_stop),
     "seed": ("seed", bounded_int(-(2**63), 2**63 - 1)),
@@ -41,6 +59,15 @@ _SAMPLING_FIELDS = {
     "stop_token_ids": ("stop_token_ids", as_token_ids),
     "skip_special_tokens": ("skip_special_tokens", as_bool),
 }
+
+
+def _temperature(name: str, value) -> float:
+    return in_range(name, as_float(name, value), 0, MAX_TEMPERATURE)
+
+
+def _top_p(name: str, value) -> float:
+    """OpenAI's [0, 1]; 0 (the most likely token only) as MIN_TOP_P, since the engine takes (0, 1]."""
+    return in_range(name, as_float(name, value), 0, 1) or MIN_TOP_P
 
 
 def _always(value) -> bool:
@@ -87,7 +114,7 @@ _COMPLETIONS_OWN = frozenset({"model", "prompt", "add_special_tokens"})
 _OTHER_ENDPOINT = frozenset({"messages", "prompt", "top_logprobs", "chat_template_kwargs"})
 
 
-def sampling_kwargs(body: Mapping, url: str) -> tuple[dict, bool]:
+def sampling_kwargs(body: Mapping, url: str, bounds: RequestBounds = OPENAI_BOUNDS) -> tuple[dict, bool]:
     """SamplingParams keyword arguments from the body's fields, and whether max_tokens was given.
 
     Without max_tokens a completion gets OpenAI's default and a chat request None (the rest of
@@ -101,6 +128,7 @@ def sampling_kwargs(body: Mapping, url: str) -> tuple[dict, bool]:
             _map_field(key, value, url, chat, kwargs)
     if chat:
         _chat_logprobs(body, kwargs)
+    _check_stops(kwargs.get("stop"), bounds)
     mt, mct = body.get("max_tokens"), body.get("max_completion_tokens")
     if mt is not None and mct is not None and mt != mct:
         raise InvalidLine(INVALID_PARAMETER, f"max_tokens ({mt}) and max_completion_tokens ({mct}) disagree")
@@ -118,7 +146,7 @@ def _map_field(key: str, value, url: str, chat: bool, kwargs: dict) -> None:
         if chat:
             as_bool(key, value)
         else:
-            kwargs["logprobs"] = bounded_int(0, MAX_LOGPROBS)(key, value)
+            kwargs["logprobs"] = bounded_int(0, MAX_COMPLETIONS_LOGPROBS)(key, value)
     elif key == "top_logprobs" and chat:
         bounded_int(0, MAX_LOGPROBS)(key, value)
     elif key in _IGNORED_FIELDS:
@@ -130,6 +158,33 @@ def _map_field(key: str, value, url: str, chat: bool, kwargs: dict) -> None:
         raise InvalidLine(UNSUPPORTED_PARAMETER, f"{key} is not a parameter of {url}")
     else:
         raise InvalidLine(UNSUPPORTED_PARAMETER, f"unknown parameter {key!r:.60}")
+
+
+def _check_stops(stops: list[str] | None, bounds: RequestBounds) -> None:
+    """Every stop string is checked as text is generated: bound how many and how long."""
+    if not stops:
+        return
+    if len(stops) > bounds.max_stop_strings:
+        raise InvalidLine(INVALID_PARAMETER, f"stop holds {len(stops)} strings; at most {bounds.max_stop_strings}")
+    longest = max(len(s) for s in stops)
+    if longest > bounds.max_stop_chars:
+        raise InvalidLine(
+            INVALID_PARAMETER, f"a stop string is {longest} characters; at most {bounds.max_stop_chars}"
+        )
+
+
+def check_output_budget(n: int, max_tokens: int, logprobs: int | None, bounds: RequestBounds) -> None:
+    """What a request may generate: n x max_tokens tokens, each with 1 + logprobs entries when
+    logprobs are asked for (the rows a worker holds grow with it)."""
+    per_token = 1 if logprobs is None else 2 + logprobs
+    cost = n * max_tokens * per_token
+    if cost > bounds.max_output_tokens:
+        shape = f"n ({n}) x max_tokens ({max_tokens})" + ("" if logprobs is None else f" x (2 + logprobs {logprobs})")
+        raise InvalidLine(
+            OUTPUT_BUDGET_EXCEEDED,
+            f"{shape} is {cost:,}; a request may ask for at most {bounds.max_output_tokens:,}. "
+            "Lower n, max_tokens or logprobs, or split the request across lines.",
+        )
 
 
 def _chat_logprobs(body: Mapping, kwargs: dict) -> None:

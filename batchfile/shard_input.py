@@ -17,6 +17,7 @@ from batchfile.errors import INVALID_URL, LineError
 from batchfile.model_limits import ModelLimits
 from batchfile.parser import parse_requests
 from batchfile.request import ParsedRequest
+from batchfile.sampling import OPENAI_BOUNDS, RequestBounds
 from engine.sampling_params import SamplingParams
 
 
@@ -47,11 +48,12 @@ def validate_stream(
     *,
     endpoint: str | None = None,
     defaults: dict | None = None,
+    bounds: RequestBounds = OPENAI_BOUNDS,
 ) -> Iterator[GoodLine | BadLine]:
     """Parse and validate line by line. With one `ModelLimits` every line runs on it (the native
-    API); with {name: ModelLimits} each line's body.model must name one (the OpenAI API). With an
-    `endpoint` every line's url must be it."""
-    for item in parse_requests(stream, models, defaults=defaults):
+    API; a line's body.model, if given, must name it); with {name: ModelLimits} each line's
+    body.model must name one (the OpenAI API). With an `endpoint` every line's url must be it."""
+    for item in parse_requests(stream, models, defaults=defaults, bounds=bounds, strict_model=True):
         if isinstance(item, LineError):
             yield BadLine(item)
         elif endpoint is not None and item.url != endpoint:

@@ -12,6 +12,7 @@ from typing import Any
 from batchfile.errors import (
     CONTEXT_LENGTH_EXCEEDED,
     DUPLICATE_CUSTOM_ID,
+    DUPLICATE_KEY,
     INVALID_CUSTOM_ID,
     INVALID_JSON,
     INVALID_MESSAGES,
@@ -23,6 +24,7 @@ from batchfile.errors import (
     INVALID_UTF8,
     LINE_TOO_LONG,
     MISSING_MODEL,
+    MODEL_MISMATCH,
     MODEL_NOT_FOUND,
     InvalidLine,
     LineError,
@@ -30,7 +32,7 @@ from batchfile.errors import (
 from batchfile.fields import as_bool, messages_of, prompt_of, type_name
 from batchfile.model_limits import ModelLimits
 from batchfile.request import CHAT_URL, URLS, ParsedRequest
-from batchfile.sampling import merge_defaults, sampling_kwargs
+from batchfile.sampling import OPENAI_BOUNDS, RequestBounds, check_output_budget, merge_defaults, sampling_kwargs
 from engine.sampling_params import SamplingParams
 
 MAX_CUSTOM_ID_LENGTH = 512
@@ -52,13 +54,25 @@ class Pending:
     text: str | None = None
     add_special_tokens: bool = False
     token_ids: list[int] | None = None
+    bounds: RequestBounds = OPENAI_BOUNDS
+    plain_content: dict[str, str] | None = None  # placeholder -> message content to tokenize as plain text
 
 
 def _reject_constant(name: str):
     raise InvalidLine(INVALID_JSON, f"line is not valid JSON: {name} is not allowed")
 
 
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """An object whose keys are all different: a repeated key is an error, not "the last one wins"."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        repeated = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise InvalidLine(DUPLICATE_KEY, f"line has the key {repeated!r:.60} more than once in one object")
+    return obj
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
 
 
 def _parse_json(content: bytes):
@@ -78,17 +92,26 @@ class LineValidator:
     """Validates the lines of one input in order (it remembers the custom_ids it has seen).
 
     `models`: the known models by name (body.model must name one), or one `ModelLimits` that
-    serves every line whatever its body.model says. `defaults`: job-level body fields that a
-    line's own fields override.
+    serves every line whatever its body.model says, or (`strict_model`) lines whose body.model is
+    absent or names it. `defaults`: job-level body fields that a line's own fields override.
+    `bounds`: what one request may ask for.
     """
 
-    def __init__(self, models: ModelLimits | Mapping[str, ModelLimits], defaults: Mapping | None = None):
+    def __init__(
+        self,
+        models: ModelLimits | Mapping[str, ModelLimits],
+        defaults: Mapping | None = None,
+        bounds: RequestBounds = OPENAI_BOUNDS,
+        strict_model: bool = False,
+    ):
         if isinstance(models, ModelLimits):
             self.forced: ModelLimits | None = models
             self.models: Mapping[str, ModelLimits] = {models.name: models}
         else:
             self.forced, self.models = None, models
         self.defaults = defaults
+        self.bounds = bounds
+        self.strict_model = strict_model
         self.seen: set[str] = set()
 
     def check_line(self, line: int, content: bytes | None, max_line_bytes: int) -> Pending | LineError:
@@ -132,17 +155,23 @@ class LineValidator:
             raise InvalidLine(INVALID_REQUEST, f"body must be a JSON object, got {type_name(raw_body)}")
         body = merge_defaults(raw_body, self.defaults)
         limits = self._model(body.get("model"))
-        params, explicit = sampling_kwargs(body, url)
+        params, explicit = sampling_kwargs(body, url, self.bounds)
         try:
             sampling = SamplingParams(**params)
         except (ValueError, TypeError) as e:
             raise InvalidLine(INVALID_PARAMETER, str(e)) from None
-        pending = Pending(line, custom_id, url, limits, raw_body, sampling, explicit)
+        pending = Pending(line, custom_id, url, limits, raw_body, sampling, explicit, bounds=self.bounds)
         _read_prompt(pending, body)
         return pending
 
     def _model(self, name) -> ModelLimits:
         if self.forced is not None:
+            if self.strict_model and name is not None and name != self.forced.name:
+                raise InvalidLine(
+                    MODEL_MISMATCH,
+                    f"body.model {name!r:.80} is not this job's model {self.forced.name!r}; "
+                    "leave it out or name the job's model",
+                )
             return self.forced
         if name is None:
             raise InvalidLine(MISSING_MODEL, "body.model is required")
@@ -173,6 +202,8 @@ def finish(pending: Pending) -> ParsedRequest:
     """The request, once its prompt is tokenized: the prompt must leave room in the context for
     max_tokens (chat without max_tokens gets the rest of the context)."""
     _fit_context(pending, pending.token_ids)
+    sp = pending.sampling
+    check_output_budget(sp.n, sp.max_tokens, sp.logprobs, pending.bounds)
     return ParsedRequest(
         pending.line,
         pending.custom_id,

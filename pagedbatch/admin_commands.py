@@ -80,10 +80,13 @@ def _tenants_set(args) -> int:
         args.tenant,
         max_active_jobs=args.max_active_jobs,
         max_queued_requests=args.max_queued_requests,
+        max_files=args.max_files,
+        max_file_bytes=args.max_file_bytes,
     )
     print(
         f"tenant {row.name!r}: max active jobs {_limit(row.max_active_jobs)}, "
-        f"max queued requests {_limit(row.max_queued_requests)}"
+        f"max queued requests {_limit(row.max_queued_requests)}, max files {_limit(row.max_files)}, "
+        f"max file bytes {_limit(row.max_file_bytes)}"
     )
     return 0
 
@@ -94,7 +97,8 @@ def _tenants_list(args) -> int:
     for row in list_tenants(_settings(args)):
         print(
             f"{row.name}\tmax_active_jobs={_limit(row.max_active_jobs)}\t"
-            f"max_queued_requests={_limit(row.max_queued_requests)}"
+            f"max_queued_requests={_limit(row.max_queued_requests)}\t"
+            f"max_files={_limit(row.max_files)}\tmax_file_bytes={_limit(row.max_file_bytes)}"
         )
     return 0
 
@@ -126,5 +130,7 @@ def add_commands(commands) -> None:
     limits.add_argument("tenant")
     limits.add_argument("--max-active-jobs", type=int, default=None)
     limits.add_argument("--max-queued-requests", type=int, default=None)
+    limits.add_argument("--max-files", type=int, default=None, help="uploaded files kept at once")
+    limits.add_argument("--max-file-bytes", type=int, default=None, help="bytes of uploaded files kept at once")
     limits.set_defaults(func=_tenants_set)
     _admin_parser(tenants, "list", "list tenants and their limits").set_defaults(func=_tenants_list)

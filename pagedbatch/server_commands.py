@@ -36,7 +36,7 @@ def _api(args) -> int:
         "bind": f"{args.host}:{args.port}",
         "workers": args.workers,
         "threads": args.threads,
-        "worker_class": "gthread",
+        "worker_class": "api.server_errors.JsonErrorWorker",  # gthread, with its own errors as JSON
         "timeout": 300,
     }
     GunicornApp(create_app(settings_from(args)), options).run()

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import timedelta
 from typing import IO
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
 
+from batchfile.lines import LineCounter
 from store import ids
 from store.db import session_scope
-from store.errors import NotFound, TooLarge
-from store.models import File
+from store.errors import Conflict, NotFound, StoreError, TooLarge
+from store.limits import QuotaExceeded, check_file_quota, check_job_room, upload_room
+from store.models import ACTIVE_STATUSES, File, Job, utcnow
 from store.pagination import page
 from store.paths import file_key
 from store.settings import Settings
@@ -24,18 +28,21 @@ def store_upload(
     tenant: str,
     filename: str,
     purpose: str = "batch",
+    for_job: bool = False,
+    expires_after_s: int | None = None,
 ) -> File:
-    """Stream an upload into the storage, enforcing the size and line limits (TooLarge: 413)."""
+    """Stream an upload into the storage, enforcing the size and line limits (TooLarge: 413) and the
+    tenant's file quota (QuotaExceeded). The quota, and with `for_job` the tenant's active-job limit,
+    are checked before anything is written. With `expires_after_s` the file is gone that long after
+    its creation (OpenAI's `expires_after`)."""
+    room = check_upload_allowed(settings, tenant, for_job=for_job)
+    purge_expired(settings, tenant)
     file_id = ids.file_id()
     key = file_key(file_id)
     storage = get_storage(settings.storage_url)
     with storage.open_write(key) as out:
-        size, lines, ends_with_newline = _copy_within_limits(settings, chunks, out)
-    if not ends_with_newline:  # the last line has no line break but is a line
-        lines += 1
-        if lines > settings.max_lines:
-            storage.delete(key)
-            raise _too_many_lines(settings)
+        size, lines = _copy_within_limits(settings, chunks, out, room)
+    now = utcnow()
     record = File(
         id=file_id,
         tenant=tenant,
@@ -44,32 +51,60 @@ def store_upload(
         bytes=size,
         line_count=lines,
         storage_key=key,
+        created_at=now,
+        expires_at=None if expires_after_s is None else now + timedelta(seconds=expires_after_s),
     )
-    with session_scope(settings.database_url) as s:
-        s.add(record)
+    try:
+        with session_scope(settings.database_url) as s:
+            check_file_quota(s, settings, tenant, size)  # again, under the tenant's lock: uploads race
+            s.add(record)
+    except BaseException:
+        storage.delete(key)
+        raise
     return record
 
 
-def _copy_within_limits(settings: Settings, chunks: Iterable[bytes], out: IO[bytes]) -> tuple[int, int, bool]:
-    """Copy the chunks to `out` until a limit is passed; returns (bytes, line breaks, ends with one)."""
-    size = lines = 0
-    last = b"\n"
+def check_upload_allowed(settings: Settings, tenant: str, *, for_job: bool = False) -> int | None:
+    """Before an upload is read: QuotaExceeded when the tenant's file quota is full, LimitExceeded when
+    `for_job` and the tenant is at its active-job limit; returns the quota's bytes left (None: no bound)."""
+    with session_scope(settings.database_url) as s:
+        if for_job:
+            check_job_room(s, settings, tenant)
+        return upload_room(s, settings, tenant)
+
+
+def _copy_within_limits(
+    settings: Settings, chunks: Iterable[bytes], out: IO[bytes], room: int | None
+) -> tuple[int, int]:
+    """Copy the chunks to `out` until a limit is passed; returns (bytes, non-blank lines)."""
+    size = 0
+    counter = LineCounter()
     for chunk in chunks:
         if not chunk:
             continue
         size += len(chunk)
         if size > settings.max_upload_bytes:
             raise TooLarge(f"file exceeds the limit of {settings.max_upload_bytes} bytes")
-        lines += chunk.count(b"\n")
-        if lines > settings.max_lines:
+        if room is not None and size > room:
+            raise QuotaExceeded(f"file exceeds the {room} bytes left in the tenant's file quota", param="file")
+        if counter.feed(chunk) > settings.max_lines:
             raise _too_many_lines(settings)
-        last = chunk[-1:]
         out.write(chunk)
-    return size, lines, last == b"\n"
+    if counter.finish() > settings.max_lines:
+        raise _too_many_lines(settings)
+    if counter.cr_only:
+        raise StoreError(CR_ONLY_MESSAGE, param="file")
+    return size, counter.lines
+
+
+CR_ONLY_MESSAGE = (
+    "the file separates its lines by carriage returns alone; lines must end with LF or CRLF "
+    "(CR-only line endings are not supported)"
+)
 
 
 def _too_many_lines(settings: Settings) -> TooLarge:
-    return TooLarge(f"file exceeds the limit of {settings.max_lines} lines")
+    return TooLarge(f"file exceeds the limit of {settings.max_lines} lines (blank lines do not count)")
 
 
 def register_file(settings: Settings, *, tenant: str, key: str, filename: str, purpose: str) -> File:
@@ -87,20 +122,83 @@ def register_file(settings: Settings, *, tenant: str, key: str, filename: str, p
     return record
 
 
+def set_output_expiry(session: Session, job: Job) -> None:
+    """Give the job's output and error files the expiry its batch asked for (output_expires_after)."""
+    if job.output_expires_after_s is None:
+        return
+    for file_id in (job.output_file_id, job.error_file_id):
+        record = session.get(File, file_id) if file_id else None
+        if record is not None:
+            record.expires_at = record.created_at + timedelta(seconds=job.output_expires_after_s)
+
+
 def get_file(settings: Settings, tenant: str, file_id: str) -> File:
+    """The tenant's file; a deleted or expired file is not found (an expired one is deleted now)."""
     with session_scope(settings.database_url) as s:
         record = s.get(File, file_id)
-        if record is None or record.tenant != tenant:
+        if record is None or record.tenant != tenant or record.deleted_at is not None:
             raise NotFound(f"No such file: {file_id}", param="file_id")
-        return record
+    if record.expires_at is not None and record.expires_at <= utcnow():
+        _delete(settings, record.id)
+        raise NotFound(f"No such file: {file_id} (it expired)", param="file_id")
+    return record
+
+
+def delete_file(settings: Settings, tenant: str, file_id: str) -> File:
+    """Delete the tenant's file: its content goes at once, its row stays (jobs refer to it) but no
+    read finds it again. A file that is the input of an unfinished job is a Conflict."""
+    record = get_file(settings, tenant, file_id)
+    with session_scope(settings.database_url) as s:
+        user = s.scalar(select(Job.id).where(Job.input_file_id == file_id, Job.status.in_(ACTIVE_STATUSES)).limit(1))
+    if user is not None:
+        raise Conflict(f"file {file_id} is the input of batch {user}, which has not finished", param="file_id")
+    _delete(settings, record.id)
+    return record
+
+
+def purge_expired(settings: Settings, tenant: str, limit: int = 100) -> int:
+    """Delete up to `limit` of the tenant's expired files (their content goes now; reads already skip
+    them). Run at each upload, so expired files do not hold storage while their tenant keeps working."""
+    with session_scope(settings.database_url) as s:
+        expired = list(
+            s.scalars(
+                select(File.id)
+                .where(File.tenant == tenant, File.deleted_at.is_(None), File.expires_at <= utcnow())
+                .limit(limit)
+            )
+        )
+    for file_id in expired:
+        _delete(settings, file_id)
+    return len(expired)
+
+
+def _delete(settings: Settings, file_id: str) -> None:
+    with session_scope(settings.database_url) as s:
+        record = s.get(File, file_id, with_for_update=True)
+        if record is None or record.deleted_at is not None:
+            return
+        record.deleted_at = utcnow()
+        key = record.storage_key
+    get_storage(settings.storage_url).delete(key)
 
 
 def list_files(
-    settings: Settings, tenant: str, *, purpose: str | None = None, limit: int = 100, after: str | None = None
+    settings: Settings,
+    tenant: str,
+    *,
+    purpose: str | None = None,
+    limit: int = 10_000,
+    after: str | None = None,
+    ascending: bool = False,
 ) -> tuple[list[File], bool]:
-    """Newest first; `after` is the id of the last file of the previous page."""
+    """Newest first (oldest first when `ascending`); `after` is the id of the last file of the previous
+    page. Deleted and expired files are left out."""
     with session_scope(settings.database_url) as s:
-        query = select(File).where(File.tenant == tenant)
+        query = select(File).where(
+            File.tenant == tenant,
+            File.deleted_at.is_(None),
+            or_(File.expires_at.is_(None), File.expires_at > utcnow()),
+        )
         if purpose:
             query = query.where(File.purpose == purpose)
-        return page(s, File, query, tenant, limit, after, "file")
+        return page(s, File, query, tenant, limit, after, "file", ascending=ascending)

@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 
 from batchfile.shard_input import decode_request
 from store.db import session_scope
-from store.files import register_file
+from store.files import register_file, set_output_expiry
 from store.models import (
     CANCELLED,
     CANCELLING,
@@ -65,6 +65,7 @@ def maybe_finalize(settings: Settings, job_id: str) -> bool:
         _set_counts(job, counts)
         job.output_file_id = output_file.id if output_file else None
         job.error_file_id = error_file.id if error_file else None
+        set_output_expiry(s, job)
         job.status = plan.target
         if plan.target == COMPLETED:
             job.completed_at = utcnow()
@@ -133,6 +134,7 @@ def finalize_failed(settings: Settings, job_id: str) -> None:
         job = s.get(Job, job_id)
         _set_counts(job, counts)
         job.error_file_id = error_file.id if error_file else None
+        set_output_expiry(s, job)
 
 
 def _set_counts(job: Job, counts: ResultCounts) -> None:

@@ -59,6 +59,7 @@ def create_job(
     defaults: dict | None = None,
     metadata: dict | None = None,
     completion_window: str = "24h",
+    output_expires_after_s: int | None = None,
 ) -> Job:
     """Validate `input_file` line by line (streamed), split the valid lines into shards and enqueue them.
 
@@ -74,6 +75,7 @@ def create_job(
         model=model,
         defaults=defaults or None,
         job_metadata=metadata or None,
+        output_expires_after_s=output_expires_after_s,
     )
     sharded = shard_input(settings, job.id, input_file, models, endpoint=endpoint, defaults=defaults)
     if sharded.bad_lines:
@@ -95,9 +97,9 @@ def create_job(
 def _model_limits(settings: Settings, model: str | None) -> ModelLimits | dict[str, ModelLimits]:
     """The job's model, or every configured model when each line names its own."""
     if model is None:
-        return limits_by_name(settings.models)
+        return limits_by_name(settings.models, settings.special_tokens_in_content)
     try:
-        return limits_of(settings.models, model)
+        return limits_of(settings.models, model, settings.special_tokens_in_content)
     except UnknownModel as exc:
         raise StoreError(str(exc), param="model") from None
 

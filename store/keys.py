@@ -151,13 +151,21 @@ def tenant_for_key(settings: Settings, key: str) -> str | None:
 
 
 def set_tenant_limits(
-    settings: Settings, tenant: str, *, max_active_jobs: int | None, max_queued_requests: int | None
+    settings: Settings,
+    tenant: str,
+    *,
+    max_active_jobs: int | None,
+    max_queued_requests: int | None,
+    max_files: int | None = None,
+    max_file_bytes: int | None = None,
 ) -> Tenant:
     """Per-tenant limits overriding the settings' (None: use the settings'; 0: unlimited)."""
     with session_scope(settings.database_url) as s:
         row = ensure_tenant(s, tenant)
         row.max_active_jobs = max_active_jobs
         row.max_queued_requests = max_queued_requests
+        row.max_files = max_files
+        row.max_file_bytes = max_file_bytes
         return row
 
 

@@ -1,4 +1,6 @@
-"""Per-tenant limits on active jobs and queued requests, checked when a job is created.
+"""Per-tenant limits on active jobs and queued requests, checked when a job is created (and, for the
+active jobs, before its upload is stored), and the per-tenant file quota, checked before and after
+an upload is stored.
 
 A tenant's row in `tenants` may override the settings' limits (NULL: the settings'; 0: unlimited).
 The check runs in the transaction that inserts the job, under a per-tenant advisory lock, so two
@@ -10,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from sqlalchemy import func, select, text
+from sqlalchemy import func, or_, select, text
 from sqlalchemy.orm import Session
 
 from store.errors import StoreError
@@ -23,8 +25,11 @@ from store.models import (
     Job,
     Shard,
     Tenant,
+    utcnow,
 )
 from store.settings import Settings
+
+UPLOAD_PURPOSE = "batch"  # the files a tenant uploads (output and error files are the platform's)
 
 
 class LimitExceeded(StoreError):
@@ -108,4 +113,82 @@ def check_new_job(session: Session, settings: Settings, tenant: str, requests: i
             f"Tenant has {used.queued_requests} queued requests and this batch adds {requests}; "
             f"the limit is {limits.max_queued_requests}. Retry when queued requests have run.",
             retry,
+        )
+
+
+def check_job_room(session: Session, settings: Settings, tenant: str) -> None:
+    """LimitExceeded when the tenant could not start even an empty job: checked before an upload is
+    stored, so a tenant at its limit writes nothing."""
+    check_new_job(session, settings, tenant, 0)
+
+
+class QuotaExceeded(StoreError):
+    """The tenant's uploaded files are at their quota; deleting files frees it (a 400: retrying the
+    same upload cannot help)."""
+
+    status = 400
+    code = "file_quota_exceeded"
+
+
+@dataclass(frozen=True)
+class FileQuota:
+    max_files: int  # 0: unlimited
+    max_bytes: int
+
+
+def file_quota_for(session: Session, settings: Settings, tenant: str) -> FileQuota:
+    row = session.get(Tenant, tenant)
+    files = row.max_files if row is not None and row.max_files is not None else None
+    size = row.max_file_bytes if row is not None and row.max_file_bytes is not None else None
+    return FileQuota(
+        settings.max_files_per_tenant if files is None else files,
+        settings.max_file_bytes_per_tenant if size is None else size,
+    )
+
+
+def files_used(session: Session, tenant: str) -> tuple[int, int]:
+    """(count, bytes) of the tenant's uploaded files that are neither deleted nor expired."""
+    count, size = session.execute(
+        select(func.count(), func.coalesce(func.sum(File.bytes), 0)).where(
+            File.tenant == tenant,
+            File.purpose == UPLOAD_PURPOSE,
+            File.deleted_at.is_(None),
+            or_(File.expires_at.is_(None), File.expires_at > utcnow()),
+        )
+    ).one()
+    return int(count), int(size)
+
+
+def upload_room(session: Session, settings: Settings, tenant: str) -> int | None:
+    """The bytes one more upload may hold under the quota (None: unlimited); QuotaExceeded when full."""
+    quota = file_quota_for(session, settings, tenant)
+    if not quota.max_files and not quota.max_bytes:
+        return None
+    count, size = files_used(session, tenant)
+    if quota.max_files and count + 1 > quota.max_files:
+        raise QuotaExceeded(
+            f"Tenant has {count} files, the limit is {quota.max_files}. Delete files (DELETE /v1/files/{{id}}) "
+            "to upload more.",
+            param="file",
+        )
+    if not quota.max_bytes:
+        return None
+    if size >= quota.max_bytes:
+        raise QuotaExceeded(
+            f"Tenant's files hold {size} bytes, the limit is {quota.max_bytes}. Delete files to upload more.",
+            param="file",
+        )
+    return quota.max_bytes - size
+
+
+def check_file_quota(session: Session, settings: Settings, tenant: str, new_bytes: int) -> None:
+    """QuotaExceeded unless a file of `new_bytes` fits; call in the transaction that inserts it (the
+    tenant's lock is held until it commits, so concurrent uploads cannot both take the last room)."""
+    _lock_tenant(session, tenant)
+    room = upload_room(session, settings, tenant)
+    if room is not None and new_bytes > room:
+        raise QuotaExceeded(
+            f"This file ({new_bytes} bytes) does not fit in the tenant's file quota ({room} bytes left). "
+            "Delete files to upload more.",
+            param="file",
         )

@@ -44,6 +44,11 @@ class File(Base):
     storage_key: Mapped[str] = mapped_column(String(1024))
     content_type: Mapped[str] = mapped_column(String(64), default="application/jsonl")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # Deleted files keep their row (jobs refer to them) but lose their content and vanish from reads.
+    deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    __table_args__ = (Index("ix_files_tenant_created", "tenant", "created_at", "id"),)
 
 
 class Job(Base):
@@ -59,6 +64,8 @@ class Job(Base):
     defaults: Mapped[dict | None] = mapped_column(JSONType, nullable=True)
     job_metadata: Mapped[dict | None] = mapped_column("metadata", JSONType, nullable=True)
     completion_window: Mapped[str] = mapped_column(String(16), default="24h")
+    # OpenAI's output_expires_after: the output and error files expire this long after their creation
+    output_expires_after_s: Mapped[int | None] = mapped_column(Integer, nullable=True)
     input_file_id: Mapped[str | None] = mapped_column(ForeignKey("files.id"), nullable=True)
     output_file_id: Mapped[str | None] = mapped_column(ForeignKey("files.id"), nullable=True)
     error_file_id: Mapped[str | None] = mapped_column(ForeignKey("files.id"), nullable=True)
@@ -132,6 +139,8 @@ class Tenant(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     max_active_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_queued_requests: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_files: Mapped[int | None] = mapped_column(Integer, nullable=True)  # uploaded files kept at once
+    max_file_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # their bytes together
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

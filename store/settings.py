@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from batchfile.sampling import OPENAI_MAX_STOP_STRINGS, RequestBounds
+
 
 def home_dir() -> Path:
     """The local data directory: $PAGEDBATCH_HOME, else ~/.pagedbatch (read at each call)."""
@@ -48,6 +50,8 @@ class Settings:
     broker_url: str = ""
     storage_url: str = ""
     models: dict[str, str] = field(default_factory=dict)  # model name -> path, for validation
+    # models whose chat content may hold real special tokens (by default such text is plain text)
+    special_tokens_in_content: list[str] = field(default_factory=list)
     max_upload_bytes: int = 200 * 1024 * 1024
     max_lines: int = 50_000
     shard_size: int = 256
@@ -58,7 +62,15 @@ class Settings:
     # per-tenant limits (a tenant's row in the tenants table may override them); 0 means unlimited
     max_active_jobs_per_tenant: int = 100
     max_queued_requests_per_tenant: int = 1_000_000
+    max_files_per_tenant: int = 10_000  # uploaded files a tenant keeps at once (DELETE frees them)
+    max_file_bytes_per_tenant: int = 100 * 1024**3  # their bytes together
     limit_retry_after_s: int = 30  # the Retry-After of a 429
+    # what one request line may ask for (batchfile.sampling.RequestBounds); /v1/batches keeps OpenAI's 4 stops
+    max_stop_strings: int = 16
+    max_stop_chars: int = 1000
+    max_request_output_tokens: int = 1 << 18  # n x max_tokens x (1 + logprobs per token)
+    max_concurrent_validations: int = 2  # uploads validated at once per API process; the others wait
+    validation_wait_s: float = 120.0  # how long an upload waits for a validation slot before a 503
     key_cache_s: float = 5.0  # how long a checked API key is trusted before the database is asked again
 
     @classmethod
@@ -69,6 +81,9 @@ class Settings:
             broker_url=env.get("PAGEDBATCH_BROKER_URL", ""),
             storage_url=env.get("PAGEDBATCH_STORAGE_URL", str(home_dir() / "storage")),
             models=parse_models(env.get("PAGEDBATCH_MODELS", "")),
+            special_tokens_in_content=[
+                m for m in env.get("PAGEDBATCH_SPECIAL_TOKENS_IN_CONTENT", "").split(",") if m.strip()
+            ],
             max_upload_bytes=_env_int("PAGEDBATCH_MAX_UPLOAD_BYTES", 200 * 1024 * 1024),
             max_lines=_env_int("PAGEDBATCH_MAX_LINES", 50_000),
             shard_size=_env_int("PAGEDBATCH_SHARD_SIZE", 256),
@@ -77,7 +92,14 @@ class Settings:
             cancel_poll_s=float(env.get("PAGEDBATCH_CANCEL_POLL_S", "0.25")),
             max_active_jobs_per_tenant=_env_int("PAGEDBATCH_MAX_ACTIVE_JOBS_PER_TENANT", 100),
             max_queued_requests_per_tenant=_env_int("PAGEDBATCH_MAX_QUEUED_REQUESTS_PER_TENANT", 1_000_000),
+            max_files_per_tenant=_env_int("PAGEDBATCH_MAX_FILES_PER_TENANT", 10_000),
+            max_file_bytes_per_tenant=_env_int("PAGEDBATCH_MAX_FILE_BYTES_PER_TENANT", 100 * 1024**3),
             limit_retry_after_s=_env_int("PAGEDBATCH_LIMIT_RETRY_AFTER_S", 30),
+            max_stop_strings=_env_int("PAGEDBATCH_MAX_STOP_STRINGS", 16),
+            max_stop_chars=_env_int("PAGEDBATCH_MAX_STOP_CHARS", 1000),
+            max_request_output_tokens=_env_int("PAGEDBATCH_MAX_REQUEST_OUTPUT_TOKENS", 1 << 18),
+            max_concurrent_validations=_env_int("PAGEDBATCH_MAX_CONCURRENT_VALIDATIONS", 2),
+            validation_wait_s=float(env.get("PAGEDBATCH_VALIDATION_WAIT_S", "120")),
             key_cache_s=float(env.get("PAGEDBATCH_KEY_CACHE_S", "5")),
         )
         for key, value in overrides.items():
@@ -92,6 +114,7 @@ class Settings:
             "PAGEDBATCH_BROKER_URL": self.broker_url,
             "PAGEDBATCH_STORAGE_URL": self.storage_url,
             "PAGEDBATCH_MODELS": format_models(self.models),
+            "PAGEDBATCH_SPECIAL_TOKENS_IN_CONTENT": ",".join(self.special_tokens_in_content),
             "PAGEDBATCH_MAX_UPLOAD_BYTES": str(self.max_upload_bytes),
             "PAGEDBATCH_MAX_LINES": str(self.max_lines),
             "PAGEDBATCH_SHARD_SIZE": str(self.shard_size),
@@ -100,9 +123,21 @@ class Settings:
             "PAGEDBATCH_CANCEL_POLL_S": str(self.cancel_poll_s),
             "PAGEDBATCH_MAX_ACTIVE_JOBS_PER_TENANT": str(self.max_active_jobs_per_tenant),
             "PAGEDBATCH_MAX_QUEUED_REQUESTS_PER_TENANT": str(self.max_queued_requests_per_tenant),
+            "PAGEDBATCH_MAX_FILES_PER_TENANT": str(self.max_files_per_tenant),
+            "PAGEDBATCH_MAX_FILE_BYTES_PER_TENANT": str(self.max_file_bytes_per_tenant),
             "PAGEDBATCH_LIMIT_RETRY_AFTER_S": str(self.limit_retry_after_s),
+            "PAGEDBATCH_MAX_STOP_STRINGS": str(self.max_stop_strings),
+            "PAGEDBATCH_MAX_STOP_CHARS": str(self.max_stop_chars),
+            "PAGEDBATCH_MAX_REQUEST_OUTPUT_TOKENS": str(self.max_request_output_tokens),
+            "PAGEDBATCH_MAX_CONCURRENT_VALIDATIONS": str(self.max_concurrent_validations),
+            "PAGEDBATCH_VALIDATION_WAIT_S": str(self.validation_wait_s),
             "PAGEDBATCH_KEY_CACHE_S": str(self.key_cache_s),
         }
+
+    def request_bounds(self, *, openai: bool) -> RequestBounds:
+        """What one request may ask for; the OpenAI face keeps OpenAI's 4 stop strings at most."""
+        stops = min(self.max_stop_strings, OPENAI_MAX_STOP_STRINGS) if openai else self.max_stop_strings
+        return RequestBounds(stops, self.max_stop_chars, self.max_request_output_tokens)
 
     def queue_for(self, model: str) -> str:
         return f"{self.queue_prefix}.{model}"

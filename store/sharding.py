@@ -41,7 +41,8 @@ def shard_input(
         lines.clear()
 
     with storage.open_read(input_file.storage_key) as source:
-        for item in validate_stream(source, models, endpoint=endpoint, defaults=defaults):
+        bounds = settings.request_bounds(openai=endpoint is not None)
+        for item in validate_stream(source, models, endpoint=endpoint, defaults=defaults, bounds=bounds):
             result.total += 1
             if isinstance(item, BadLine):
                 result.bad_lines.append(item)

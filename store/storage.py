@@ -1,7 +1,8 @@
 """Where the platform's files live: a local directory or any fsspec URL, and how they are written.
 
 Every file is written atomically (`atomic_write`): readers see the old file or the whole new one,
-never half of one. `Storage` addresses input, shard and output files by key ("files/<id>.jsonl");
+never half of one. Local files are private to the platform's user: files 0600, directories 0700.
+`Storage` addresses input, shard and output files by key ("files/<id>.jsonl");
 Parquet results use the same writer through `store.results`.
 """
 
@@ -38,11 +39,14 @@ def atomic_write(fs: fsspec.AbstractFileSystem, path: str) -> Iterator[IO[bytes]
     """
     parent, name = path.rsplit("/", 1) if "/" in path else (".", path)
     tmp = f"{parent}/.{name}.{uuid.uuid4().hex}.tmp"
-    fs.makedirs(parent, exist_ok=True)
     local = is_local(fs)
+    if local:
+        make_private_dirs(parent)
+    else:
+        fs.makedirs(parent, exist_ok=True)
     try:
         if local:
-            with open(tmp, "wb") as f:
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE), "wb") as f:
                 yield f
                 f.flush()
                 os.fsync(f.fileno())
@@ -59,6 +63,19 @@ def atomic_write(fs: fsspec.AbstractFileSystem, path: str) -> Iterator[IO[bytes]
             else:
                 fs.rm(tmp)
         raise
+
+
+PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
+
+
+def make_private_dirs(path: str) -> None:
+    """`os.makedirs` with every directory it creates 0700 (its `mode` skips the intermediate ones)."""
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        return
+    make_private_dirs(os.path.dirname(path))
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, PRIVATE_DIR)
 
 
 def _fsync_dir(path: str) -> None:
@@ -80,7 +97,7 @@ class Storage:
         self.fs, root = url_to_fs(url)
         self.root = root.rstrip("/")
         if is_local(self.fs):
-            os.makedirs(self.root, exist_ok=True)
+            make_private_dirs(self.root)
 
     def path(self, key: str) -> str:
         return f"{self.root}/{key}"

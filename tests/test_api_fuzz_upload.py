@@ -91,8 +91,13 @@ def assert_4xx(r):
 @FUZZ
 @given(body=st.binary(max_size=2000) | st.lists(st.binary(max_size=80), max_size=6).map(b"\n".join))
 def test_arbitrary_bytes_raw_and_multipart(api, body):
+    cr_only = b"\r" in body and b"\n" not in body and body.strip()
     for r in (post_raw(api, body), post_multipart(api, body)):
-        check_job(api, r)
+        if cr_only:  # CR-only line endings: the whole upload is refused, clearly
+            assert_4xx(r)
+            assert "carriage returns" in r.get_json()["error"]["message"]
+        else:
+            check_job(api, r)
 
 
 @FUZZ
@@ -216,10 +221,11 @@ def test_duplicate_ids_unknown_urls_models_and_long_prompts(api):
         completion_line("ok", "fine"),
     ]
     job = check_job(api, post_raw(api, jsonl(lines)), lines=7)
-    # the native face runs every line on the job's model, so an unknown body.model is not an error there
+    # the native face runs every line on the job's model: a line naming another model is an error there
     assert error_codes(job) == [
         "duplicate_custom_id",
         "invalid_url",
+        "model_mismatch",
         "context_length_exceeded",
         "context_length_exceeded",
     ]

@@ -218,7 +218,7 @@ BAD_LINES = [
     (line(max_tokens=5, max_completion_tokens=6), errors.INVALID_PARAMETER, "disagree"),
     (line(temperature=-1), errors.INVALID_PARAMETER, "temperature"),
     (line(temperature="hot"), errors.INVALID_PARAMETER, "temperature must be a number"),
-    (line(top_p=0), errors.INVALID_PARAMETER, "top_p"),
+    (line(top_p=1.5), errors.INVALID_PARAMETER, "top_p"),
     (line(n=0), errors.INVALID_PARAMETER, "n must be in"),
     (line(n=10_000), errors.INVALID_PARAMETER, "n must be in"),
     (line(stop=[""]), errors.INVALID_PARAMETER, "stop"),

@@ -9,7 +9,7 @@ from flask import Blueprint, jsonify, request
 from api.auth import current_tenant
 from api.errors import ApiError
 from api.objects import JobList
-from api.platform import settings
+from api.platform import ServerBusy, settings, validation_slot
 from api.routes.params import json_param, limit_param, metadata_param, reject_nul_bytes
 from api.routes.responses import cached_job_body, send_fs, send_lines, send_object, send_stored
 from api.routes.uploads import check_content_length, upload_chunks, upload_filename
@@ -37,6 +37,7 @@ def create_job():
     check_content_length()
     cfg = settings()
     tenant = current_tenant()
+    files.check_upload_allowed(cfg, tenant, for_job=True)  # before the body is read
     if request.mimetype == "multipart/form-data":
         upload = request.files.get("file")
         if upload is None:
@@ -53,16 +54,21 @@ def create_job():
         raise ApiError(400, "model is required", param="model")
     defaults = json_param(fields.get("defaults") or request.args.get("defaults"), "defaults")
     metadata = metadata_param(fields.get("metadata") or request.args.get("metadata"))
-    input_file = files.store_upload(cfg, chunks, tenant=tenant, filename=filename, purpose="batch")
-    job = jobs.create_job(
-        cfg,
-        input_file,
-        tenant=tenant,
-        enqueue=partial(enqueue_shards, cfg),
-        model=model,
-        defaults=defaults,
-        metadata=metadata,
-    )
+    input_file = files.store_upload(cfg, chunks, tenant=tenant, filename=filename, purpose="batch", for_job=True)
+    try:
+        with validation_slot():
+            job = jobs.create_job(
+                cfg,
+                input_file,
+                tenant=tenant,
+                enqueue=partial(enqueue_shards, cfg),
+                model=model,
+                defaults=defaults,
+                metadata=metadata,
+            )
+    except ServerBusy:
+        files.delete_file(cfg, tenant, input_file.id)  # no job uses it: it would only take the tenant's quota
+        raise
     return send_object(_job(job), 201)
 
 

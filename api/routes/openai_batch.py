@@ -8,9 +8,17 @@ from flask import Blueprint, jsonify, request
 
 from api.auth import current_tenant
 from api.errors import ApiError
-from api.objects import BATCH_ENDPOINTS, COMPLETION_WINDOWS, BatchList, FileList
-from api.platform import settings
-from api.routes.params import limit_param, metadata_param, parse_json, reject_nul_bytes
+from api.objects import BATCH_ENDPOINTS, COMPLETION_WINDOWS, BatchList, FileDeleted, FileList
+from api.platform import settings, validation_slot
+from api.routes.params import (
+    expires_after_param,
+    expires_after_value,
+    limit_param,
+    metadata_param,
+    order_param,
+    parse_json,
+    reject_nul_bytes,
+)
 from api.routes.responses import cached_job_body, send_object, send_stored
 from api.routes.uploads import check_content_length, upload_chunks, upload_filename
 from api.serializers import batch_object, file_object, page
@@ -31,18 +39,21 @@ def _batch(job):
 @bp.post("/v1/files")
 def create_file():
     check_content_length()
+    files.check_upload_allowed(settings(), current_tenant())  # before the body is read
     upload = request.files.get("file")
     if upload is None:
         raise ApiError(400, "missing multipart field 'file'", param="file")
     purpose = request.form.get("purpose")
     if purpose != "batch":
         raise ApiError(400, "only purpose 'batch' is supported", param="purpose")
+    expires_after = expires_after_param(request.form)
     record = files.store_upload(
         settings(),
         upload_chunks(upload.stream),
         tenant=current_tenant(),
         filename=upload_filename(upload),
         purpose="batch",
+        expires_after_s=expires_after,
     )
     return send_object(file_object(record))
 
@@ -53,8 +64,9 @@ def list_files():
         settings(),
         current_tenant(),
         purpose=request.args.get("purpose") or None,
-        limit=limit_param(default=100, maximum=10_000),
+        limit=limit_param(default=10_000, maximum=10_000),  # OpenAI's default and maximum
         after=request.args.get("after"),
+        ascending=order_param() == "asc",
     )
     return send_object(page(FileList, [file_object(r) for r in records], has_more))
 
@@ -62,6 +74,12 @@ def list_files():
 @bp.get("/v1/files/<file_id>")
 def get_file(file_id: str):
     return send_object(file_object(files.get_file(settings(), current_tenant(), file_id)))
+
+
+@bp.delete("/v1/files/<file_id>")
+def delete_file(file_id: str):
+    record = files.delete_file(settings(), current_tenant(), file_id)
+    return send_object(FileDeleted(id=record.id, deleted=True))
 
 
 @bp.get("/v1/files/<file_id>/content")
@@ -95,6 +113,7 @@ def _batch_request() -> dict:
         "endpoint": endpoint,
         "completion_window": window,
         "metadata": metadata_param(body.get("metadata")),
+        "output_expires_after_s": expires_after_value(body.get("output_expires_after"), "output_expires_after"),
     }
 
 
@@ -105,7 +124,8 @@ def create_batch():
     input_file = files.get_file(cfg, tenant, body.pop("input_file_id"))
     if input_file.purpose != "batch":
         raise ApiError(400, f"file {input_file.id} does not have purpose 'batch'", param="input_file_id")
-    job = jobs.create_job(cfg, input_file, tenant=tenant, enqueue=partial(enqueue_shards, cfg), **body)
+    with validation_slot():
+        job = jobs.create_job(cfg, input_file, tenant=tenant, enqueue=partial(enqueue_shards, cfg), **body)
     return send_object(_batch(job))
 
 

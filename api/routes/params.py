@@ -87,3 +87,52 @@ def limit_param(default: int = 20, maximum: int = 100) -> int:
     if not 1 <= limit <= maximum:
         raise ApiError(400, f"limit must be between 1 and {maximum}", param="limit")
     return limit
+
+
+def order_param() -> str:
+    """OpenAI's list `order`: "asc" or "desc" (the default) by created_at."""
+    order = request.args.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise ApiError(400, f"order must be 'asc' or 'desc', got {order!r:.40}", param="order")
+    return order
+
+
+EXPIRES_MIN_S, EXPIRES_MAX_S = 3600, 30 * 24 * 3600  # OpenAI's range: an hour to 30 days
+
+
+def expires_after_param(form, name: str = "expires_after") -> int | None:
+    """OpenAI's `expires_after` ({anchor: "created_at", seconds}) as seconds after creation, from a
+    multipart form (the official client sends `expires_after[anchor]` and `expires_after[seconds]`)
+    or a JSON object; None when absent."""
+    raw = form.get(name)
+    value = json_param(raw, name) if raw else None
+    if value is not None:
+        return expires_after_value(value, name)
+    return _expires_seconds(form.get(f"{name}[anchor]"), form.get(f"{name}[seconds]"), name)
+
+
+def expires_after_value(value, name: str) -> int | None:
+    """The same from a JSON body's object (a batch's `output_expires_after`)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ApiError(400, f"{name} must be an object {{anchor, seconds}}", param=name)
+    return _expires_seconds(value.get("anchor"), value.get("seconds"), name)
+
+
+def _expires_seconds(anchor, seconds, name: str) -> int | None:
+    if anchor is None and seconds is None:
+        return None
+    if anchor != "created_at":
+        raise ApiError(400, f"{name}.anchor must be 'created_at'", param=f"{name}.anchor")
+    try:
+        if isinstance(seconds, bool | float):
+            raise TypeError
+        seconds = int(seconds)
+    except (TypeError, ValueError):
+        raise ApiError(400, f"{name}.seconds must be an integer", param=f"{name}.seconds") from None
+    if not EXPIRES_MIN_S <= seconds <= EXPIRES_MAX_S:
+        raise ApiError(
+            400, f"{name}.seconds must be between {EXPIRES_MIN_S} and {EXPIRES_MAX_S}", param=f"{name}.seconds"
+        )
+    return seconds

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from urllib.parse import quote
 
 from flask import Response, jsonify
 
@@ -76,8 +77,20 @@ def send_fs(fs, path: str, mimetype: str, download_name: str) -> Response:
 
     response = Response(generate(), mimetype=mimetype)
     response.headers["Content-Length"] = str(size)
-    response.headers["Content-Disposition"] = f'attachment; filename="{download_name}"'
+    response.headers["Content-Disposition"] = content_disposition(download_name)
     return response
+
+
+def content_disposition(filename: str) -> str:
+    """RFC 6266 `attachment` with the name as a quoted ASCII `filename` (other characters as "_", no
+    quote, backslash or control character, so it cannot end the string and add parameters) and, when
+    that is not the name itself, the exact name as RFC 8187 `filename*=UTF-8''<percent-encoded>`.
+    The header stays ASCII, so every server can send it."""
+    fallback = "".join(ch if " " <= ch <= "~" and ch not in '";\\' else "_" for ch in filename) or "download"
+    header = f'attachment; filename="{fallback}"'
+    if fallback != filename:
+        header += "; filename*=UTF-8''" + quote(filename, safe="")
+    return header
 
 
 def send_stored(key: str, mimetype: str, download_name: str) -> Response:
@@ -87,5 +100,5 @@ def send_stored(key: str, mimetype: str, download_name: str) -> Response:
 
 def send_lines(lines: Iterator[str], download_name: str) -> Response:
     response = Response((line.encode() for line in lines), mimetype="application/x-ndjson")
-    response.headers["Content-Disposition"] = f'attachment; filename="{download_name}"'
+    response.headers["Content-Disposition"] = content_disposition(download_name)
     return response

@@ -10,6 +10,7 @@ from flask import Request, request
 
 from api.errors import ApiError
 from api.platform import settings
+from batchfile.lines import LineCounter
 from store.errors import TooLarge
 
 UPLOAD_CHUNK = 1 << 16  # uploads are read this much at a time, so a limit cuts them off within 64 KiB
@@ -35,14 +36,14 @@ class _LimitedSpool(tempfile.SpooledTemporaryFile):
     def __init__(self, max_bytes: int, max_lines: int):
         super().__init__(max_size=SPOOL_IN_MEMORY, mode="w+b")
         self.max_bytes, self.max_lines = max_bytes, max_lines
-        self.written = self.line_breaks = 0
+        self.written = 0
+        self.lines = LineCounter()  # non-blank lines: blank ones do not count
 
     def write(self, data) -> int:
         self.written += len(data)
         if self.written > self.max_bytes:
             raise TooLarge(f"file exceeds the limit of {self.max_bytes} bytes")
-        self.line_breaks += bytes(data).count(b"\n")
-        if self.line_breaks > self.max_lines:
+        if self.lines.feed(bytes(data)) > self.max_lines:
             raise TooLarge(f"file exceeds the limit of {self.max_lines} lines")
         return super().write(data)
 

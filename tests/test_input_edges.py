@@ -1,0 +1,65 @@
+"""Small input edges: duplicate JSON keys, a native job's line naming another model, blank lines and the
+line limit, CR-only line endings."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from tests.helpers import MODEL, chat_line, jsonl
+
+
+def _job(client, body: bytes):
+    return client.post(f"/v1/jobs?model={MODEL}", data=body, content_type="application/x-ndjson")
+
+
+def test_duplicate_json_keys_are_a_per_line_error(client):
+    good = json.dumps(chat_line("ok", "hi"))
+    twice = '{"custom_id": "a", "custom_id": "b", "method": "POST", "url": "/v1/chat/completions", "body": {}}'
+    nested = json.dumps(chat_line("n", "hi")).replace('"max_tokens": 4', '"max_tokens": 4, "max_tokens": 9000')
+    job = _job(client, "\n".join([good, twice, nested]).encode() + b"\n").get_json()
+    assert job["request_counts"]["valid"] == 1 and job["request_counts"]["invalid"] == 2
+    errors = {e["line"]: e for e in job["errors"]}
+    assert errors[2]["code"] == errors[3]["code"] == "duplicate_key"
+    assert "'custom_id'" in errors[2]["message"] and "'max_tokens'" in errors[3]["message"]
+
+
+def test_a_native_line_naming_another_model_is_a_per_line_error(client):
+    lines = [chat_line("same", "hi"), chat_line("other", "hi", model="gpt-4o-mini"), chat_line("none", "hi")]
+    del lines[2]["body"]["model"]
+    job = _job(client, jsonl(lines)).get_json()
+    assert job["request_counts"]["valid"] == 2
+    (error,) = job["errors"]
+    assert error["line"] == 2 and error["code"] == "model_mismatch" and "gpt-4o-mini" in error["message"]
+
+
+@pytest.mark.parametrize("multipart", [False, True])
+def test_blank_lines_do_not_count_towards_the_line_limit(platform, multipart):
+    client = platform.app(max_lines=3).test_client()
+    lines = [json.dumps(chat_line(f"c{i}", "hi")) for i in range(3)]
+    padded = ("\n\n  \n\r\n".join(lines) + "\n\n\n").encode()
+
+    def send(body: bytes):
+        if multipart:
+            form = {"file": (io.BytesIO(body), "in.jsonl"), "purpose": "batch"}
+            return client.post("/v1/files", data=form, content_type="multipart/form-data")
+        return _job(client, body)
+
+    accepted = send(padded)
+    assert accepted.status_code in (200, 201), accepted.get_json()
+    over = send(padded + json.dumps(chat_line("c3", "hi")).encode() + b"\n")
+    assert over.status_code == 413 and "3 lines" in over.get_json()["error"]["message"]
+
+
+def test_cr_only_line_endings_are_rejected_clearly(client):
+    lines = [json.dumps(chat_line(f"c{i}", "hi")) for i in range(3)]
+    r = _job(client, "\r".join(lines).encode() + b"\r")
+    assert r.status_code == 400
+    error = r.get_json()["error"]
+    assert error["param"] == "file" and "carriage returns" in error["message"]
+    crlf = _job(client, "\r\n".join(lines).encode() + b"\r\n")
+    assert crlf.status_code == 201 and crlf.get_json()["request_counts"]["valid"] == 3
+    stray = _job(client, "\n".join([lines[0].replace(", ", ",\r "), lines[1]]).encode())  # CR as JSON whitespace
+    assert stray.status_code == 201 and stray.get_json()["request_counts"]["valid"] == 2
