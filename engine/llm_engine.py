@@ -19,6 +19,7 @@ from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
+from engine.stop_strings import StopStrings
 from engine.tokenizer import Detokenizer, encode_prompt, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,9 @@ class LLMEngine:
         text, ids = self.tokenize(prompt)
         self.check_request(ids, params)
         arrival = arrival_time or time.time()
-        seqs = [Sequence(next(self._seq_ids), request_id, i, ids, params, arrival) for i in range(params.n)]
+        stop_strings = StopStrings(params.stop_strings)  # indexed once, outside the engine lock
+        seqs = [Sequence(next(self._seq_ids), request_id, i, ids, params, arrival, stop_strings)
+                for i in range(params.n)]
         with self._intake_lock:
             if request_id in self._known_ids:
                 raise ValueError(f"request id {request_id!r} is already in use")
@@ -192,7 +195,7 @@ class LLMEngine:
                 reason, stop = "stop", None
             elif token in p.stop_token_ids:
                 reason, stop = "stop", token
-            elif p.stop_strings:
+            elif seq.stop_strings:
                 stop = self._find_stop_string(seq, len(new_text))
                 reason = "stop" if stop else None
         if reason is None and (
@@ -208,20 +211,13 @@ class LLMEngine:
     @staticmethod
     def _find_stop_string(seq: Sequence, new_chars: int) -> str | None:
         """Look for a stop string that the newest text completed; trim the text before
-        the earliest one and return it, or None. Only the new text (plus the few
-        characters before it that a stop string could straddle) is searched."""
-        if not new_chars:
+        the earliest one and return it, or None. Only matches ending in the new text are
+        looked for, at a cost that does not grow with the number of stop strings."""
+        found = seq.stop_strings.earliest_completed(seq.output_text, new_chars)
+        if found is None:
             return None
-        text = seq.output_text
-        found = []
-        for stop in seq.params.stop_strings:
-            pos = text.find(stop, max(0, len(text) - new_chars - len(stop) + 1))
-            if pos >= 0:
-                found.append((pos, stop))
-        if not found:
-            return None
-        pos, stop = min(found)
-        seq.output_text = text[:pos]
+        pos, stop = found
+        seq.output_text = seq.output_text[:pos]
         return stop
 
     def _request_done(self, seq: Sequence) -> RequestOutput | None:
