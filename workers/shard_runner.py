@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 WORKER_NAME = socket.gethostname()
 ENGINE_ERROR = "engine_error"
+ATTEMPTS_EXHAUSTED = "shard_attempts_exhausted"
 DB_RETRY_S = 60.0  # how long a finished shard waits for the database to come back before giving up
 
 DONE, CANCELLED, SKIPPED, RELEASED, LOST = "done", "cancelled", "skipped", "released", "lost"
@@ -94,10 +95,16 @@ def run_shard(settings: Settings, host, watcher, shard_id: str) -> str:
     if draining.is_set():
         return RELEASED
     recovery = Recovery.from_env()
-    claim = with_db_retry(claim_shard, settings, shard_id, WORKER_NAME, recovery.lease_s)
+    claim = with_db_retry(claim_shard, settings, shard_id, WORKER_NAME, recovery.lease_s, recovery.max_attempts)
     if claim is None:  # done already (a redelivery), cancelled while queued, or running elsewhere
         with_db_retry(maybe_finalize, settings, job_of(shard_id))
         return SKIPPED
+    if claim.exhausted:  # poison work: every attempt so far killed or lost its worker
+        log.error("shard %s: %d attempts used up; failing its requests", shard_id, claim.attempt - 1)
+        message = (f"the shard was started {claim.attempt - 1} times and never finished (its worker died or "
+                   "lost it each time); its requests were not run again")
+        _fail_requests(settings, shard_id, claim, ATTEMPTS_EXHAUSTED, message)
+        return DONE
     requests = _read_requests(settings, claim.input_key)
     t0 = time.time()
     attempt = _run_in_engine(settings, host, watcher, shard_id, claim, requests, recovery.lease_s)
@@ -186,14 +193,17 @@ def fail_shard(settings: Settings, shard_id: str, error: str) -> None:
     claim = claim_shard(settings, shard_id, WORKER_NAME, Recovery.from_env().lease_s)
     if claim is None:
         return
+    _fail_requests(settings, shard_id, claim, ENGINE_ERROR, f"the shard failed: {error}")
+
+
+def _fail_requests(settings: Settings, shard_id: str, claim, code: str, message: str) -> None:
+    """Record every request of the claimed shard as failed with `code`, so that its job can finish."""
     rows = [
-        request_failed_row(
-            req, ENGINE_ERROR, f"the shard failed: {error}", shard_id=shard_id, created_at=claim.job_created_at
-        )
+        request_failed_row(req, code, message, shard_id=shard_id, created_at=claim.job_created_at)
         for req in _read_requests(settings, claim.input_key)
     ]
     _write_part(settings, claim.job_id, shard_id, rows, attempt=claim.attempt)
-    maybe_finalize(settings, claim.job_id)
+    with_db_retry(maybe_finalize, settings, claim.job_id)
 
 
 def _write_part(settings: Settings, job_id: str, shard_id: str, rows: list[dict], attempt: int | None = None):
