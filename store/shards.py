@@ -32,6 +32,7 @@ class ClaimedShard:
     input_key: str
     job_cancelling: bool
     job_created_at: datetime
+    tenant: str = "default"
     exhausted: bool = False  # the attempts before this one used up the limit: do not run it again
 
 
@@ -66,6 +67,7 @@ def claim_shard(
             input_key=shard.input_key,
             job_cancelling=job.status in (CANCELLING, CANCELLED),
             job_created_at=job.created_at,
+            tenant=job.tenant,
             exhausted=0 < max_attempts < shard.attempts,
         )
 

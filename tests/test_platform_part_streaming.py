@@ -32,7 +32,7 @@ class LargeOutputHost:
     def __init__(self, fail_after: int | None = None):
         self.fail_after = fail_after
 
-    def submit_many(self, requests):
+    def submit_many(self, requests, tenant="default"):
         futures = [Future() for _ in requests]
         order = list(range(len(requests)))
         random.Random(0).shuffle(order)

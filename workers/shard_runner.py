@@ -179,7 +179,7 @@ def _run_in_engine(settings: Settings, host, watcher, shard_id: str, claim, requ
             batch = [(rid, {"prompt_token_ids": req.prompt_token_ids}, req.sampling_params)
                      for rid, req in zip(attempt.request_ids, requests)]
             now = time.time()
-            for request_id, future in zip(attempt.request_ids, host.submit_many(batch)):
+            for request_id, future in zip(attempt.request_ids, host.submit_many(batch, tenant=claim.tenant)):
                 attempt.started[request_id] = now
                 attempt.futures[request_id] = future
                 future.add_done_callback(lambda _f, rid=request_id: attempt.on_done(rid))
