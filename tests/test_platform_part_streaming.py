@@ -106,3 +106,16 @@ def test_an_attempt_handed_back_midway_leaves_no_part(platform):
     assert store.list_parts(job["id"]) == []
     parts_dir = f"{store.job_dir(job['id'])}/parts"
     assert not store.fs.exists(parts_dir) or store.fs.ls(parts_dir) == []  # no temporary file left behind
+
+
+def test_the_committing_attempt_removes_a_dead_attempts_temporary_file(platform):
+    settings, job = _one_shard_job(platform)
+    store = results_store(settings)
+    dead = store.open_part(job["id"], f"{job['id']}.00000")  # a worker SIGKILLed mid-shard: never closed
+    dead.add({"line": 0, "custom_id": "r0", "status": "completed"})
+    dead._flush()
+    parts_dir = f"{store.job_dir(job['id'])}/parts"
+    assert len(store.fs.ls(parts_dir)) == 1 and store.list_parts(job["id"]) == []
+    assert shard_runner.run_shard(settings, LargeOutputHost(), FakeWatcher(), f"{job['id']}.00000") == "done"
+    names = [p.rsplit("/", 1)[-1] for p in store.fs.ls(parts_dir, detail=False)]
+    assert names == [f"{job['id']}.00000.parquet"]

@@ -1,7 +1,8 @@
 """`PartWriter`: a shard's rows written to its Parquet part as they come, in row groups, never all held.
 
 The part is written under a temporary name and appears only on `commit` (see `store.storage.atomic_write`);
-`discard` (an attempt that lost its shard, or was handed back) leaves nothing visible. Rows are written in
+`discard` (an attempt that lost its shard, or was handed back) leaves nothing visible; the temporary file of an
+attempt whose worker died is removed by the attempt that commits the part. Rows are written in
 the order they finish, each row group sorted by line; readers of a part sort it (`ResultsStore`).
 """
 
@@ -28,6 +29,7 @@ class PartWriter:
         self.row_group_rows = row_group_rows
         self.rows_written = 0
         self.max_rows_held = 0  # the most rows this writer held at once (for tests and logs)
+        self._fs = fs
         self._rows: list[dict] = []
         self._files = contextlib.ExitStack()
         out = self._files.enter_context(atomic_write(fs, path))
@@ -53,7 +55,16 @@ class PartWriter:
             self._files.__exit__(type(exc), exc, exc.__traceback__)
             raise
         self._files.close()
+        self._remove_leftovers()
         return self.path
+
+    def _remove_leftovers(self) -> None:
+        """Temporary files of earlier attempts at this part whose worker died mid-write (ours is renamed)."""
+        parent, name = self.path.rsplit("/", 1)
+        with contextlib.suppress(Exception):
+            for leftover in self._fs.glob(f"{parent}/.{name}.*.tmp"):
+                with contextlib.suppress(Exception):
+                    self._fs.rm(leftover)
 
     def discard(self) -> None:
         """Drop the part: the temporary file is removed, nothing appears at `path`."""
