@@ -23,6 +23,7 @@ from engine.sampler import SampleLogprobs, Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
+from engine.stop_strings import StopStrings
 from engine.token_masks import bad_words_token_ids
 from engine.tokenizer import Detokenizer, encode_prompt, load_tokenizer
 
@@ -142,7 +143,9 @@ class LLMEngine:
         text, ids = self.prepare(prompt, params)
         bad_words = bad_words_token_ids(self.tokenizer, params.bad_words) if params.bad_words else None
         arrival = arrival_time or time.time()
-        seqs = [Sequence(next(self._seq_ids), request_id, i, ids, params, arrival) for i in range(params.n)]
+        stop_strings = StopStrings(params.stop_strings)  # indexed once, outside the engine lock
+        seqs = [Sequence(next(self._seq_ids), request_id, i, ids, params, arrival, stop_strings)
+                for i in range(params.n)]
         for seq in seqs:
             seq.bad_words_token_ids = bad_words
         with self._intake_lock:
@@ -266,20 +269,13 @@ class LLMEngine:
     @staticmethod
     def _find_stop_string(seq: Sequence, new_chars: int) -> str | None:
         """Look for a stop string that the newest text completed; trim the text before
-        the earliest one and return it, or None. Only the new text (plus the few
-        characters before it that a stop string could straddle) is searched."""
-        if not new_chars:
+        the earliest one and return it, or None. Only matches ending in the new text are
+        looked for, at a cost that does not grow with the number of stop strings."""
+        found = seq.stop_strings.earliest_completed(seq.output_text, new_chars)
+        if found is None:
             return None
-        text = seq.output_text
-        found = []
-        for stop in seq.params.stop_strings:
-            pos = text.find(stop, max(0, len(text) - new_chars - len(stop) + 1))
-            if pos >= 0:
-                found.append((pos, stop))
-        if not found:
-            return None
-        pos, stop = min(found)
-        seq.output_text = text[: pos + (len(stop) if seq.params.include_stop_str_in_output else 0)]
+        pos, stop = found
+        seq.output_text = seq.output_text[: pos + (len(stop) if seq.params.include_stop_str_in_output else 0)]
         return stop
 
     def _request_done(self, seq: Sequence) -> RequestOutput | None:

@@ -7,6 +7,7 @@ import time
 
 from engine.outputs import Logprob
 from engine.sampling_params import SamplingParams
+from engine.stop_strings import StopStrings
 
 
 class SequenceStatus(enum.Enum):
@@ -20,7 +21,7 @@ class Sequence:
     prefix cache, its KV blocks)."""
 
     def __init__(self, seq_id: int, request_id: str, index: int, prompt_token_ids: list[int],
-                 params: SamplingParams, arrival: float | None = None):
+                 params: SamplingParams, arrival: float | None = None, stop_strings: StopStrings | None = None):
         self.seq_id = seq_id
         self.request_id = request_id
         self.index = index  # which of the request's n completions this is
@@ -43,6 +44,8 @@ class Sequence:
         )
         self.bad_words_token_ids: list[list[int]] | None = None  # the engine tokenizes params.bad_words
         self.output_text = ""
+        # a request's n sequences share one index of its stop strings
+        self.stop_strings = stop_strings if stop_strings is not None else StopStrings(params.stop_strings)
         self.detok_offsets: tuple[int, int] | None = None  # owned by the detokenizer
         self.generator = None  # a seeded request's own torch.Generator, made on first use
         self.arrival = arrival or time.time()

@@ -2,7 +2,8 @@
 
 PostgreSQL and Redis run embedded in the data directory unless PAGEDBATCH_DATABASE_URL /
 PAGEDBATCH_BROKER_URL name servers; the API runs in this process and one worker process per model
-runs beside it, with every engine option `serve` was given.
+runs beside it, with every engine option `serve` was given. A worker that dies is started again
+(`pagedbatch.restarter`), with a backoff, and `serve` says so on stderr.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from api.app import create_app
 from migrations import upgrade
 from pagedbatch.embedded import EmbeddedPostgres, EmbeddedRedis
 from pagedbatch.engine_options import engine_argv
+from pagedbatch.restarter import Restarter
 from store.keys import ensure_local_key, local_key_path
 from store.settings import Settings, home_dir
 
@@ -66,16 +68,6 @@ def announce_local_key(settings: Settings, home: Path) -> str:
     return key
 
 
-def stop_processes(processes: list[subprocess.Popen], timeout: float = 30) -> None:
-    for proc in processes:
-        proc.terminate()
-    for proc in processes:
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
 def _exit_on_signal(signum, frame):
     raise SystemExit(0)
 
@@ -88,12 +80,14 @@ def serve(args, settings: Settings) -> int:
     if not os.environ.get("PAGEDBATCH_STORAGE_URL"):
         settings.storage_url = str(home / "storage")
     services = start_embedded(settings, home)
-    workers: list[subprocess.Popen] = []
+    workers = Restarter()
     try:
         upgrade(settings.database_url)
         announce_local_key(settings, home)
         env = {**os.environ, **settings.to_env()}
-        workers = [subprocess.Popen(worker_command(n, p, args), env=env) for n, p in settings.models.items()]
+        for name, path in settings.models.items():
+            command = worker_command(name, path, args)
+            workers.add(f"worker for model {name!r}", lambda command=command: subprocess.Popen(command, env=env))
         server = make_server(args.host, args.port, create_app(settings), threaded=True)
         signal.signal(signal.SIGTERM, _exit_on_signal)
         print(
@@ -108,7 +102,7 @@ def serve(args, settings: Settings) -> int:
         finally:
             server.server_close()
     finally:
-        stop_processes(workers)
+        workers.stop()
         for service in reversed(services):
             service.stop()
     return 0

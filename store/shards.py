@@ -2,7 +2,9 @@
 
 A lease (`Shard.lease_until`) makes a shard one worker's at a time: a broker redelivery while it runs
 is skipped, and a shard whose lease runs out (its worker died) is taken back by the sweeper. Each claim
-is a new attempt; only the current attempt may finish the shard.
+is a new attempt, whatever redelivered it (a broker redelivery, the sweeper taking back a lost lease, a
+retry, a hand-back); only the current attempt may finish the shard. A claim past `max_attempts` is marked
+`exhausted`: the shard keeps killing or losing its workers, so its requests are failed instead of run.
 """
 
 from __future__ import annotations
@@ -30,10 +32,16 @@ class ClaimedShard:
     input_key: str
     job_cancelling: bool
     job_created_at: datetime
+    tenant: str = "default"
+    exhausted: bool = False  # the attempts before this one used up the limit: do not run it again
 
 
-def claim_shard(settings: Settings, shard_id: str, worker: str, lease_s: float = 60.0) -> ClaimedShard | None:
+def claim_shard(
+    settings: Settings, shard_id: str, worker: str, lease_s: float = 60.0, max_attempts: int = 0
+) -> ClaimedShard | None:
     """Lease a queued shard (or a running one whose lease ran out) for `lease_s` seconds: attempt += 1.
+
+    With `max_attempts` (0: no limit), a claim after that many attempts comes back `exhausted`.
 
     None when there is nothing to do: the shard is finished, or another worker holds a live lease on it
     (a broker redelivery while it runs). The lease must be renewed (`renew_leases`) while the shard runs.
@@ -59,6 +67,8 @@ def claim_shard(settings: Settings, shard_id: str, worker: str, lease_s: float =
             input_key=shard.input_key,
             job_cancelling=job.status in (CANCELLING, CANCELLED),
             job_created_at=job.created_at,
+            tenant=job.tenant,
+            exhausted=0 < max_attempts < shard.attempts,
         )
 
 

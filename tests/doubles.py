@@ -7,12 +7,14 @@ its parameters from these environment variables, which only this module reads.
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 from engine import LLMEngine
 
 POISON_ENV = "PAGEDBATCH_TEST_POISON"  # a prompt containing this text makes every step raise
 STEP_DELAY_ENV = "PAGEDBATCH_TEST_STEP_DELAY_S"  # every step takes at least this long
+KILL_ENV = "PAGEDBATCH_TEST_KILL"  # a prompt containing this text SIGKILLs the worker process
 
 
 class PoisonedEngine:
@@ -44,6 +46,16 @@ class PoisonedEngine:
         return self._engine.step()
 
 
+class KillingEngine(PoisonedEngine):
+    """While a request whose prompt contains `marker` is in the engine, `step` SIGKILLs its own process,
+    as a request that crashes the worker (out of memory, a segfault in a kernel) would."""
+
+    def step(self):
+        if self._poisoned:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self._engine.step()
+
+
 class SlowEngine:
     """Every step takes at least `delay` seconds, so that a shard reliably outlasts a short broker
     visibility timeout whatever the machine's speed."""
@@ -68,3 +80,8 @@ def poisoned_engine(**engine_kwargs) -> PoisonedEngine:
 def slow_engine(**engine_kwargs) -> SlowEngine:
     """The engine factory of a worker whose steps take at least $PAGEDBATCH_TEST_STEP_DELAY_S seconds."""
     return SlowEngine(LLMEngine(**engine_kwargs), float(os.environ[STEP_DELAY_ENV]))
+
+
+def killing_engine(**engine_kwargs) -> KillingEngine:
+    """The engine factory of a worker that SIGKILLs itself while a prompt contains $PAGEDBATCH_TEST_KILL."""
+    return KillingEngine(LLMEngine(**engine_kwargs), os.environ[KILL_ENV])

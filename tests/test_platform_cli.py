@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -83,6 +84,30 @@ def test_serve_and_client_commands(served, tmp_path, capsys, monkeypatch):
     errors = tmp_path / "errors.jsonl"
     assert main(["download", job_id, "-o", str(errors), "--errors", "--url", served, "-q"]) == 0
     assert len(errors.read_text().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_serve_restarts_a_worker_that_dies(served, tmp_path, capsys, monkeypatch):
+    url, home = served
+    log = home.parent / "serve.log"
+    started = re.compile(r"worker for model 'tiny' started \(pid (\d+)\)")
+    (first,) = started.findall(log.read_text(errors="replace"))
+    os.kill(int(first), signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while len(started.findall(log.read_text(errors="replace"))) < 2:
+        assert time.monotonic() < deadline, log.read_text(errors="replace")[-4000:]
+        time.sleep(0.2)
+    text = log.read_text(errors="replace")
+    assert f"(pid {first}) exited with code -9; restarting it in 1s" in text
+    assert "restarted (1 restarts so far)" in text
+
+    monkeypatch.setenv("PAGEDBATCH_HOME", str(home))
+    monkeypatch.delenv("PAGEDBATCH_API_KEY", raising=False)
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(jsonl([chat_line(f"a{i}", f"again {i}") for i in range(3)]))
+    out = tmp_path / "out.parquet"
+    assert main(["submit", str(src), "--model", "tiny", "--url", url, "-o", str(out), "-q"]) == 0
+    assert sorted(r["status"] for r in pq.read_table(out).to_pylist()) == ["completed"] * 3
 
 
 def test_offline_run_command(platform, tmp_path):

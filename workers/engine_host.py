@@ -8,6 +8,9 @@ say which request made it fail, so the host finds out by bisection: every reques
 engine is aborted and run again in halves (new submissions wait meanwhile); a half that fails again is
 split again, and a request that fails alone is the culprit: its future gets the exception. A transient
 fault (every half succeeds) fails nobody. Each failure costs a recomputation of the suspects.
+
+Requests enter the engine by fair share across tenants (`workers.fair_share`): they wait in the host, one
+queue per tenant, and the loop admits them as the engine has room.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import Future
+
+from workers.fair_share import FairShare
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +42,8 @@ class EngineHost:
         self._requests: dict[str, tuple] = {}  # request id -> (prompt, params), to run it again
         self._in_engine: set[str] = set()
         self._held: list[str] = []  # submitted while a failure is being isolated
+        self._tenant_of: dict[str, str] = {}
+        self._fair = FairShare(enabled=False)  # set once the engine is loaded (its capacity)
         self._suspects: deque[list[str]] = deque()  # groups still to run on their own
         self._group: set[str] | None = None  # the suspects running now
         self._lock = threading.Lock()
@@ -55,6 +62,8 @@ class EngineHost:
         self.loop_thread_id = threading.get_native_id()
         try:
             self.engine = factory()
+            config = getattr(self.engine, "config", None)
+            self._fair = FairShare.from_env(getattr(config, "max_num_seqs", 256))
         except BaseException as exc:  # noqa: BLE001 - raised again in the constructor
             self._load_error = exc
             return
@@ -77,8 +86,8 @@ class EngineHost:
         """
         return self.submit_many([(request_id, prompt, params)])[0]
 
-    def submit_many(self, requests) -> list[Future]:
-        """Add (request_id, prompt, params) requests at once, so that they enter the same step
+    def submit_many(self, requests, tenant: str = "default") -> list[Future]:
+        """Add (request_id, prompt, params) requests of `tenant` at once, so that they enter the same step
         rather than trickling into the batch one step at a time."""
         futures = []
         with self._lock:
@@ -89,7 +98,10 @@ class EngineHost:
                 futures.append(future)
                 self._futures[request_id] = future
                 self._requests[request_id] = (prompt, params)
-                if self._isolating():
+                self._tenant_of[request_id] = tenant
+                if self._fair.enabled:
+                    self._fair.push(tenant, request_id)
+                elif self._isolating():
                     self._held.append(request_id)
                 else:
                     self._add(request_id)
@@ -102,6 +114,7 @@ class EngineHost:
             with self._lock:
                 future = self._futures.pop(request_id, None)
                 self._requests.pop(request_id, None)
+                self._tenant_of.pop(request_id, None)
                 in_engine = request_id in self._in_engine
                 self._in_engine.discard(request_id)
             if future is None:
@@ -129,6 +142,18 @@ class EngineHost:
     def _isolating(self) -> bool:
         return self._group is not None or bool(self._suspects)
 
+    def _admit(self) -> None:
+        """Fair share: move waiting requests into the engine while it has room (not while isolating)."""
+        with self._lock:
+            if self._isolating():
+                return
+            running = Counter(self._tenant_of.get(rid) for rid in self._in_engine)
+            while (picked := self._fair.next(running, len(self._in_engine))) is not None:
+                tenant, request_id = picked
+                if request_id in self._futures:  # else aborted while it waited
+                    self._add(request_id)
+                    running[tenant] += request_id in self._in_engine
+
     def _add(self, request_id: str) -> None:
         """Put a known request into the engine (under the lock); a rejected one fails alone."""
         prompt, params = self._requests[request_id]
@@ -136,6 +161,7 @@ class EngineHost:
             self.engine.add_request(request_id, prompt, params)
         except Exception as exc:  # noqa: BLE001 - handed to the caller through the future
             self._requests.pop(request_id, None)
+            self._tenant_of.pop(request_id, None)
             self._futures.pop(request_id).set_exception(exc)
             return
         self._in_engine.add(request_id)
@@ -143,6 +169,7 @@ class EngineHost:
     def _loop(self) -> None:
         while not self._stop.is_set():
             self._advance_isolation()
+            self._admit()
             if not self.engine.has_unfinished_requests():
                 self._wake.wait(self.idle_wait_s)
                 self._wake.clear()
@@ -158,6 +185,7 @@ class EngineHost:
                 with self._lock:
                     future = self._futures.pop(output.request_id, None)
                     self._requests.pop(output.request_id, None)
+                    self._tenant_of.pop(output.request_id, None)
                     self._in_engine.discard(output.request_id)
                 if future is not None:
                     future.set_result(output)
@@ -194,6 +222,7 @@ class EngineHost:
             with self._lock:
                 future = self._futures.pop(suspects[0], None)
                 self._requests.pop(suspects[0], None)
+                self._tenant_of.pop(suspects[0], None)
             if future is not None:
                 log.error("request %s makes the engine fail; failing it alone", suspects[0])
                 future.set_exception(exc)

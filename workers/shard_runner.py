@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import queue
 import socket
 import threading
 import time
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 WORKER_NAME = socket.gethostname()
 ENGINE_ERROR = "engine_error"
+ATTEMPTS_EXHAUSTED = "shard_attempts_exhausted"
 DB_RETRY_S = 60.0  # how long a finished shard waits for the database to come back before giving up
 
 DONE, CANCELLED, SKIPPED, RELEASED, LOST = "done", "cancelled", "skipped", "released", "lost"
@@ -80,13 +82,25 @@ def _read_requests(settings: Settings, key: str):
 
 @dataclass
 class _Attempt:
-    """One attempt's requests in the engine: their futures and when each started and finished."""
+    """One attempt's requests in the engine: their futures, when each started and finished, and which
+    ones already have their row in the part (their outputs are dropped as soon as the row is written)."""
 
     request_ids: list[str]
+    requests: dict
     futures: dict[str, concurrent.futures.Future] = field(default_factory=dict)
     started: dict[str, float] = field(default_factory=dict)
     finished: dict[str, float] = field(default_factory=dict)
+    written: set[str] = field(default_factory=set)
+    done: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)  # request ids, as they finish
     lost: threading.Event = field(default_factory=threading.Event)
+
+    def on_done(self, request_id: str) -> None:
+        self.finished[request_id] = time.time()
+        self.done.put(request_id)
+
+    def times(self, request_id: str, created_at) -> dict:
+        return {"created_at": created_at, "started_at": self.started.get(request_id),
+                "finished_at": self.finished.get(request_id)}  # fmt: skip
 
 
 def run_shard(settings: Settings, host, watcher, shard_id: str) -> str:
@@ -94,38 +108,62 @@ def run_shard(settings: Settings, host, watcher, shard_id: str) -> str:
     if draining.is_set():
         return RELEASED
     recovery = Recovery.from_env()
-    claim = with_db_retry(claim_shard, settings, shard_id, WORKER_NAME, recovery.lease_s)
+    claim = with_db_retry(claim_shard, settings, shard_id, WORKER_NAME, recovery.lease_s, recovery.max_attempts)
     if claim is None:  # done already (a redelivery), cancelled while queued, or running elsewhere
         with_db_retry(maybe_finalize, settings, job_of(shard_id))
         return SKIPPED
+    if claim.exhausted:  # poison work: every attempt so far killed or lost its worker
+        log.error("shard %s: %d attempts used up; failing its requests", shard_id, claim.attempt - 1)
+        message = (f"the shard was started {claim.attempt - 1} times and never finished (its worker died or "
+                   "lost it each time); its requests were not run again")
+        _fail_requests(settings, shard_id, claim, ATTEMPTS_EXHAUSTED, message)
+        return DONE
     requests = _read_requests(settings, claim.input_key)
     t0 = time.time()
-    attempt = _run_in_engine(settings, host, watcher, shard_id, claim, requests, recovery.lease_s)
+    part = results_store(settings).open_part(claim.job_id, shard_id)
+    try:
+        outcome = _run_and_write(settings, host, watcher, shard_id, claim, requests, recovery.lease_s, part)
+    except BaseException:
+        part.discard()
+        raise
+    if outcome in (LOST, RELEASED):
+        part.discard()
+        return outcome
+    counts = _commit_part(settings, shard_id, part, claim.attempt)
+    if counts is None:
+        return LOST
+    log.info(
+        "shard %s: %d completed, %d failed, %d cancelled in %.2fs (at most %d rows held)",
+        shard_id, counts.completed, counts.failed, counts.cancelled, time.time() - t0, part.max_rows_held,
+    )
+    with_db_retry(maybe_finalize, settings, claim.job_id)
+    return CANCELLED if counts.cancelled else DONE
+
+
+def _run_and_write(settings: Settings, host, watcher, shard_id: str, claim, requests, lease_s, part) -> str:
+    """Run the shard's requests, each row into `part` as its request finishes; then the stopped ones' rows."""
+    attempt = _run_in_engine(settings, host, watcher, shard_id, claim, requests, lease_s, part)
     if attempt.lost.is_set():
         return LOST
-    stopped = [rid for rid in attempt.request_ids if _stopped(attempt.futures.get(rid))]
+    stopped = [rid for rid in attempt.request_ids if rid not in attempt.written]
     reason = with_db_retry(stop_reason, settings, claim.job_id) if stopped else None
     if stopped and reason is None:
         # aborted, but the job goes on: this worker is shutting down; the next one runs the shard
         if with_db_retry(release_shard, settings, shard_id, claim.attempt):
             log.info("shard %s handed back (%d requests unfinished)", shard_id, len(stopped))
         return RELEASED
-
-    rows = _rows(attempt, requests, reason, shard_id, claim.job_created_at, host.tokenizer)
-    counts = _write_part(settings, claim.job_id, shard_id, rows, attempt=claim.attempt)
-    if counts is None:
-        return LOST
-    log.info(
-        "shard %s: %d completed, %d failed, %d cancelled in %.2fs",
-        shard_id, counts.completed, counts.failed, counts.cancelled, time.time() - t0,
-    )
-    with_db_retry(maybe_finalize, settings, claim.job_id)
-    return CANCELLED if counts.cancelled else DONE
+    make_row = expired_row if reason == "expired" else cancelled_row  # never ran, or aborted
+    for request_id in stopped:
+        part.add(make_row(attempt.requests[request_id], shard_id=shard_id,
+                          **attempt.times(request_id, claim.job_created_at)))  # fmt: skip
+    return DONE
 
 
-def _run_in_engine(settings: Settings, host, watcher, shard_id: str, claim, requests, lease_s: float) -> _Attempt:
-    """Submit the shard's requests (unless the job is stopping) under a held lease and wait for all."""
-    attempt = _Attempt([f"{shard_id}/{claim.attempt}/{req.line}" for req in requests])
+def _run_in_engine(settings: Settings, host, watcher, shard_id: str, claim, requests, lease_s: float,
+                   part) -> _Attempt:  # fmt: skip
+    """Submit the shard's requests (unless the job is stopping) under a held lease; write each one's row."""
+    request_ids = [f"{shard_id}/{claim.attempt}/{req.line}" for req in requests]
+    attempt = _Attempt(request_ids, dict(zip(request_ids, requests)))
 
     def on_lost() -> None:
         attempt.lost.set()
@@ -141,11 +179,11 @@ def _run_in_engine(settings: Settings, host, watcher, shard_id: str, claim, requ
             batch = [(rid, {"prompt_token_ids": req.prompt_token_ids}, req.sampling_params)
                      for rid, req in zip(attempt.request_ids, requests)]
             now = time.time()
-            for request_id, future in zip(attempt.request_ids, host.submit_many(batch)):
+            for request_id, future in zip(attempt.request_ids, host.submit_many(batch, tenant=claim.tenant)):
                 attempt.started[request_id] = now
-                future.add_done_callback(lambda _f, rid=request_id: attempt.finished.__setitem__(rid, time.time()))
                 attempt.futures[request_id] = future
-        concurrent.futures.wait(attempt.futures.values())
+                future.add_done_callback(lambda _f, rid=request_id: attempt.on_done(rid))
+        _write_as_finished(attempt, part, shard_id, claim.job_created_at, host.tokenizer)
     finally:
         with _in_flight_lock:
             _in_flight.pop(shard_id, None)
@@ -154,31 +192,31 @@ def _run_in_engine(settings: Settings, host, watcher, shard_id: str, claim, requ
     return attempt
 
 
-def _rows(attempt: _Attempt, requests, reason: str | None, shard_id: str, created_at, tokenizer) -> list[dict]:
-    """One result row per request: completed, failed in the engine, or stopped (cancelled/expired)."""
-    rows = []
-    for request_id, req in zip(attempt.request_ids, requests):
-        future = attempt.futures.get(request_id)
-        times = {
-            "created_at": created_at,
-            "started_at": attempt.started.get(request_id),
-            "finished_at": attempt.finished.get(request_id),
-        }
-        if _stopped(future):
-            make_row = expired_row if reason == "expired" else cancelled_row  # never ran, or aborted
-            rows.append(make_row(req, shard_id=shard_id, **times))
-        elif future.exception() is not None:
-            exc = future.exception()
-            message = f"{type(exc).__name__}: {exc}"
-            rows.append(request_failed_row(req, ENGINE_ERROR, message, shard_id=shard_id, **times))
-        else:
-            rows.append(completed_row(req, future.result(), shard_id=shard_id, tokenizer=tokenizer, **times))
-    return rows
+def _write_as_finished(attempt: _Attempt, part, shard_id: str, created_at, tokenizer) -> None:
+    """Each finished request's row goes to the part (completed, or failed in the engine); its output is
+    dropped at once. Aborted requests (their future resolved to None) are left for the caller."""
+    for _ in range(len(attempt.futures)):
+        request_id = attempt.done.get()
+        row = _row(attempt, request_id, attempt.futures.pop(request_id), shard_id, created_at, tokenizer)
+        if row is not None:
+            part.add(row)
+            attempt.written.add(request_id)
+
+
+def _row(attempt: _Attempt, request_id: str, future, shard_id: str, created_at, tokenizer) -> dict | None:
+    if attempt.lost.is_set() or _stopped(future):
+        return None
+    req, times = attempt.requests[request_id], attempt.times(request_id, created_at)
+    if future.exception() is not None:
+        exc = future.exception()
+        message = f"{type(exc).__name__}: {exc}"
+        return request_failed_row(req, ENGINE_ERROR, message, shard_id=shard_id, **times)
+    return completed_row(req, future.result(), shard_id=shard_id, tokenizer=tokenizer, **times)
 
 
 def _stopped(future) -> bool:
-    """Never submitted, or aborted (its future resolved to None)."""
-    return future is None or (future.exception() is None and future.result() is None)
+    """Aborted: its future resolved to None."""
+    return future.exception() is None and future.result() is None
 
 
 def fail_shard(settings: Settings, shard_id: str, error: str) -> None:
@@ -186,26 +224,42 @@ def fail_shard(settings: Settings, shard_id: str, error: str) -> None:
     claim = claim_shard(settings, shard_id, WORKER_NAME, Recovery.from_env().lease_s)
     if claim is None:
         return
+    _fail_requests(settings, shard_id, claim, ENGINE_ERROR, f"the shard failed: {error}")
+
+
+def _fail_requests(settings: Settings, shard_id: str, claim, code: str, message: str) -> None:
+    """Record every request of the claimed shard as failed with `code`, so that its job can finish."""
     rows = [
-        request_failed_row(
-            req, ENGINE_ERROR, f"the shard failed: {error}", shard_id=shard_id, created_at=claim.job_created_at
-        )
+        request_failed_row(req, code, message, shard_id=shard_id, created_at=claim.job_created_at)
         for req in _read_requests(settings, claim.input_key)
     ]
     _write_part(settings, claim.job_id, shard_id, rows, attempt=claim.attempt)
-    maybe_finalize(settings, claim.job_id)
+    with_db_retry(maybe_finalize, settings, claim.job_id)
 
 
 def _write_part(settings: Settings, job_id: str, shard_id: str, rows: list[dict], attempt: int | None = None):
-    """Write the part (atomically), count what was written, then mark the shard done.
+    """Write the part (atomically) from `rows`, count what was written, then mark the shard done."""
+    part = results_store(settings).open_part(job_id, shard_id)
+    try:
+        for row in rows:
+            part.add(row)
+    except BaseException:
+        part.discard()
+        raise
+    return _commit_part(settings, shard_id, part, attempt)
+
+
+def _commit_part(settings: Settings, shard_id: str, part, attempt: int | None):
+    """Move the part into place, count it, then mark the shard done; returns the counts.
 
     With `attempt`, a stale attempt (the shard was taken over) writes nothing and returns None.
     """
     if attempt is not None and not with_db_retry(owns_shard, settings, shard_id, attempt):
         log.warning("shard %s: attempt %d was taken over; its result is dropped", shard_id, attempt)
+        part.discard()
         return None
+    path = part.commit()
     store = results_store(settings)
-    path = store.write_part(job_id, shard_id, rows)
     counts = count_results(store.url_for(path))
     if not with_db_retry(finish_shard, settings, shard_id, path, counts, attempt):
         log.warning("shard %s: attempt %d was taken over while writing", shard_id, attempt)

@@ -51,11 +51,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Recovery:
-    """Timings of leases and sweeps (PAGEDBATCH_LEASE_S, PAGEDBATCH_SWEEP_S, PAGEDBATCH_REQUEUE_S)."""
+    """Timings of leases and sweeps, and the attempt limit (PAGEDBATCH_LEASE_S, PAGEDBATCH_SWEEP_S,
+    PAGEDBATCH_REQUEUE_S, PAGEDBATCH_MAX_SHARD_ATTEMPTS)."""
 
     lease_s: float = 60.0  # a running shard not renewed for this long is taken back
     sweep_s: float = 10.0  # time between sweeps (with jitter)
     requeue_s: float = 60.0  # how often a queued shard's broker message is checked
+    max_attempts: int = 5  # claims of one shard before its requests are failed (0: no limit)
 
     @classmethod
     def from_env(cls) -> Recovery:
@@ -64,6 +66,7 @@ class Recovery:
             lease_s=float(env.get("PAGEDBATCH_LEASE_S") or cls.lease_s),
             sweep_s=float(env.get("PAGEDBATCH_SWEEP_S") or cls.sweep_s),
             requeue_s=float(env.get("PAGEDBATCH_REQUEUE_S") or cls.requeue_s),
+            max_attempts=int(env.get("PAGEDBATCH_MAX_SHARD_ATTEMPTS") or cls.max_attempts),
         )
 
 

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 
 from store.results.jsonl import JSONL_COLUMNS, jsonl_lines
 from store.results.parquet import COUNT_COLUMNS, ResultCounts, count_batches, read_batches, write_table
+from store.results.part_writer import PartWriter
 from store.results.rows import RESULT_SCHEMA, rows_to_table
 from store.settings import Settings
 from store.storage import atomic_write, is_local, url_to_fs
@@ -59,6 +60,10 @@ class ResultsStore:
         write_table(self.fs, path, rows_to_table(rows))
         return path
 
+    def open_part(self, job_id, shard_id, **kwargs) -> PartWriter:
+        """A writer of the shard's part, row group by row group; the part appears on `commit`."""
+        return PartWriter(self.fs, self.part_path(job_id, shard_id), **kwargs)
+
     def list_parts(self, job_id) -> list[str]:
         parts_dir = f"{self.job_dir(job_id)}/parts"
         with contextlib.suppress(Exception):
@@ -72,8 +77,13 @@ class ResultsStore:
         return sorted(f"{parts_dir}/{n}" for n in names if n.endswith(".parquet") and not n.startswith("."))
 
     def read_part(self, path: str) -> pa.Table:
+        """A part sorted by line (a streamed part holds its rows in the order they finished)."""
         with self.fs.open(path, "rb") as f:
-            return pq.read_table(f, schema=RESULT_SCHEMA)
+            return pq.read_table(f, schema=RESULT_SCHEMA).sort_by("line")
+
+    def _part_batches(self, parts: list[str], columns) -> Iterator[pa.RecordBatch]:
+        for part in parts:  # one part in memory at a time
+            yield from self.read_part(part).select(columns).to_batches(max_chunksize=1024)
 
     def count(self, job_id) -> ResultCounts:
         """Completed/failed/cancelled rows and token usage, from the parts."""
@@ -114,7 +124,7 @@ class ResultsStore:
             return read_batches(self.fs, [merged], columns)
         parts, disjoint = self._ordered_parts(job_id)
         if disjoint:
-            return read_batches(self.fs, parts, columns)
+            return self._part_batches(parts, columns)
         table = pa.concat_tables([self.read_part(p).select(columns) for p in parts]).sort_by("line")
         return iter(table.to_batches(max_chunksize=1024))
 
