@@ -8,7 +8,7 @@ import http
 import re
 
 from gunicorn.workers.gthread import ThreadWorker
-from werkzeug.serving import WSGIRequestHandler
+from werkzeug.serving import WSGIRequestHandler, make_server
 
 from api.objects import Error, ErrorResponse
 
@@ -74,3 +74,8 @@ class JsonErrorWorker(ThreadWorker):
 
     def handle_error(self, req, client, addr, exc):
         super().handle_error(req, _JsonErrorSocket(client, str(exc)[:300]), addr, exc)
+
+
+def make_json_error_server(host: str, port: int, app):
+    """Werkzeug's threaded server (as `serve` runs the API) answering its own errors as JSON."""
+    return make_server(host, port, app, threaded=True, request_handler=JsonErrorRequestHandler)

@@ -15,9 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from werkzeug.serving import make_server
-
 from api.app import create_app
+from api.server_errors import make_json_error_server
 from migrations import upgrade
 from pagedbatch.embedded import EmbeddedPostgres, EmbeddedRedis
 from pagedbatch.engine_options import engine_argv
@@ -88,7 +87,7 @@ def serve(args, settings: Settings) -> int:
         for name, path in settings.models.items():
             command = worker_command(name, path, args)
             workers.add(f"worker for model {name!r}", lambda command=command: subprocess.Popen(command, env=env))
-        server = make_server(args.host, args.port, create_app(settings), threaded=True)
+        server = make_json_error_server(args.host, args.port, create_app(settings))
         signal.signal(signal.SIGTERM, _exit_on_signal)
         print(
             f"pagedbatch serving on http://{args.host}:{server.server_port} "

@@ -18,9 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 from werkzeug.http import parse_options_header
-from werkzeug.serving import make_server
 
-from api.server_errors import JsonErrorRequestHandler
+from api.server_errors import make_json_error_server
 from store.db import session_scope
 from store.models import File
 from tests.helpers import MODEL, REPO, chat_line, free_port, jsonl, spawn
@@ -28,7 +27,7 @@ from tests.helpers import MODEL, REPO, chat_line, free_port, jsonl, spawn
 
 @pytest.fixture(scope="module")
 def werkzeug_url(platform):
-    server = make_server("127.0.0.1", 0, platform.app(), threaded=True, request_handler=JsonErrorRequestHandler)
+    server = make_json_error_server("127.0.0.1", 0, platform.app())  # what `serve` runs
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()

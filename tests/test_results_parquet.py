@@ -15,7 +15,7 @@ from batchfile.request import CHAT_URL, COMPLETIONS_URL, ParsedRequest
 from batchfile.responses import batch_output_line
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
-from store.results.jsonl import iter_output_jsonl
+from store.results.jsonl import iter_error_jsonl, iter_output_jsonl
 from store.results.parquet import ResultCounts, count_results, write_results
 from store.results.parts import ResultsStore
 from store.results.rows import (
@@ -190,7 +190,7 @@ def test_merge_counts_and_jsonl(store):
 def test_output_lines_are_the_openai_objects_with_the_stored_body(tmp_path):
     """Output lines are written by splicing the stored body into the line; they must parse to exactly
     what `batch_output_line` builds, whatever the custom_id and the text hold."""
-    custom_ids = ["plain", 'quo"te \\ back', "ünï \u2028 line\nbreak", "{}"]
+    custom_ids = ["plain", 'quo"te \\ back', "ünï \u2028 line\nbreak", "{}", "nel \u0085 ps \u2029 end"]
     rows = []
     for line, custom_id in enumerate(custom_ids, start=1):
         request = ParsedRequest(
@@ -205,6 +205,7 @@ def test_output_lines_are_the_openai_objects_with_the_stored_body(tmp_path):
     path = write_results(str(tmp_path / "r.parquet"), rows)
     lines = list(iter_output_jsonl(path, id_seed="job9"))
     assert len(lines) == len(custom_ids) and all(s.endswith("\n") and s.count("\n") == 1 for s in lines)
+    assert all(len(s.splitlines()) == 1 for s in lines)  # U+0085/U+2028/U+2029 escaped, not raw
     for row, text in zip(rows, lines):
         parsed = json.loads(text)
         expected = batch_output_line(
@@ -270,3 +271,14 @@ def test_write_results_single_file(tmp_path):
     path = write_results(str(tmp_path / "sub" / "out.parquet"), pa.Table.from_pylist(rows, schema=RESULT_SCHEMA))
     assert pq.read_table(path).num_rows == 5
     assert [p.name for p in (tmp_path / "sub").iterdir()] == ["out.parquet"]
+
+
+def test_error_lines_escape_what_splitlines_splits_on(tmp_path):
+    custom_id = "a\u2028b\u0085c\u2029d"
+    rows = [error_row(LineError(1, custom_id, INVALID_JSON, "bad \u2028 json"), shard_id="s")]
+    path = write_results(str(tmp_path / "r.parquet"), rows)
+    [text] = list(iter_error_jsonl(path, id_seed="job"))
+    assert len(text.splitlines()) == 1 and "\u2028" not in text and "\u0085" not in text
+    parsed = json.loads(text)
+    assert parsed["custom_id"] == custom_id
+    assert parsed["response"]["body"]["error"]["message"] == "bad \u2028 json"

@@ -28,11 +28,20 @@ def _line_ids(seed: str, line: int) -> tuple[str, str]:
     return "batch_req_" + digest[:32], "req_" + digest[32:]
 
 
+# Line separators that JSON leaves raw in strings but `str.splitlines()` splits on; C0 controls
+# are escaped by json.dumps already.
+_SPLITLINES_ESCAPES = str.maketrans({"\u0085": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def _one_line(text: str) -> str:
+    return text.translate(_SPLITLINES_ESCAPES)
+
+
 def _output_line(row: dict, line_id: str, request_id: str) -> str:
     """`batch_output_line` as text, with the stored response body spliced in rather than parsed and re-encoded."""
     response = {"status_code": 200, "request_id": request_id}
     head = json.dumps({"id": line_id, "custom_id": row["custom_id"], "response": response}, ensure_ascii=False)
-    return f'{head[:-2]}, "body": {row["response_body"]}}}, "error": null}}\n'
+    return _one_line(f'{head[:-2]}, "body": {row["response_body"]}}}, "error": null}}') + "\n"
 
 
 def _error_line(row: dict, line_id: str, request_id: str) -> str:
@@ -43,7 +52,7 @@ def _error_line(row: dict, line_id: str, request_id: str) -> str:
         row["custom_id"], row["error_code"] or "error", row["error_message"] or "",
         status_code=status_code, line_id=line_id, request_id=request_id,
     )  # fmt: skip
-    return json.dumps(obj, ensure_ascii=False) + "\n"
+    return _one_line(json.dumps(obj, ensure_ascii=False)) + "\n"
 
 
 def jsonl_lines(batches: Iterable[pa.RecordBatch], seed: str, *, errors: bool) -> Iterator[str]:
