@@ -29,10 +29,13 @@ def _migrate(args) -> int:
 
 
 def _api(args) -> int:
+    from pagedbatch.gunicorn_app import GunicornApp, child_exit, prepare_metrics_dir
+
+    prepare_metrics_dir()  # before api.app loads prometheus_client: the workers' metrics add up
     from api.app import create_app
-    from pagedbatch.gunicorn_app import GunicornApp
 
     options = {
+        "child_exit": child_exit,
         "bind": f"{args.host}:{args.port}",
         "workers": args.workers,
         "threads": args.threads,
@@ -63,6 +66,7 @@ def _worker(args) -> int:
         concurrency=args.concurrency,
         loglevel=args.loglevel,
         bookkeeping_nice=args.bookkeeping_nice,
+        metrics_port=args.metrics_port,
     )
     return 0
 
@@ -106,6 +110,9 @@ def add_commands(commands) -> None:
         help="build the engine with this callable, given engine.LLMEngine's keyword arguments "
         "(default: engine.LLMEngine); tests use it for engines that fail on purpose",
     )  # fmt: skip
+    worker.add_argument(
+        "--metrics-port", type=int, default=None, metavar="PORT", help="serve Prometheus metrics on this port"
+    )
     add_engine_options(worker)
     worker.set_defaults(func=_worker)
 
