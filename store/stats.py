@@ -1,4 +1,4 @@
-"""Platform-wide counts for operators (metrics): jobs by status, across tenants."""
+"""Lookups for operators: jobs by status across tenants (metrics), a job's tenant (log lines)."""
 
 from __future__ import annotations
 
@@ -16,3 +16,9 @@ def jobs_by_status(settings: Settings) -> dict[str, int]:
         for status, count in session.execute(select(Job.status, func.count()).group_by(Job.status)):
             counts[status] = count
     return counts
+
+
+def tenant_of(settings: Settings, job_id: str) -> str | None:
+    """The tenant owning `job_id`, None for an unknown job."""
+    with session_scope(settings.database_url) as session:
+        return session.scalar(select(Job.tenant).where(Job.id == job_id))

@@ -108,6 +108,7 @@ class Harness:
                     "--loglevel=info",
                     "--device=cpu",
                     f"--metrics-port={self.metrics_port}",
+                    "--log-format=json",
                 ],
                 cwd=REPO,
                 env=env,

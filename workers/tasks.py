@@ -8,6 +8,8 @@ import time
 from celery.exceptions import Reject
 
 from broker.queue import RUN_SHARD
+from store.logs import log_context
+from store.stats import tenant_of
 from workers import shard_runner
 from workers.sweeper import Sweeper
 
@@ -50,10 +52,21 @@ def _timed(outcome_of, shard_id: str) -> str:
 def register(app) -> None:
     @app.task(name=RUN_SHARD, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_RETRIES)
     def run_shard(self, shard_id: str) -> str:
-        outcome = _timed(lambda sid: _run_shard(self, sid), shard_id)
-        if outcome == shard_runner.RELEASED:  # back to the queue for the next worker
-            raise Reject("worker shutting down", requeue=True)
-        return outcome
+        with log_context(**_log_ids(shard_id)):
+            outcome = _timed(lambda sid: _run_shard(self, sid), shard_id)
+            if outcome == shard_runner.RELEASED:  # back to the queue for the next worker
+                raise Reject("worker shutting down", requeue=True)
+            return outcome
+
+
+def _log_ids(shard_id: str) -> dict:
+    """The ids the shard's log lines carry; the tenant is left out when the database cannot say."""
+    job_id = shard_runner.job_of(shard_id)
+    try:
+        tenant = tenant_of(_state["settings"], job_id)
+    except Exception:  # noqa: BLE001 - the shard runner retries the database; logging does not wait for it
+        tenant = None
+    return {"job_id": job_id, "shard_id": shard_id, "tenant": tenant}
 
 
 def _run_shard(task, shard_id: str) -> str:
