@@ -25,6 +25,8 @@ def test_a_jobs_worker_log_lines_are_json_with_its_ids(live_url, worker, tmp_pat
     assert {r["tenant"] for r in carrying} == {worker.settings.default_tenant}
     done = [r for r in carrying if "completed" in r["message"] and r["logger"] == "workers.shard_runner"]
     assert sorted(r["shard_id"] for r in done) == sorted(shards)
+    succeeded = [r for r in carrying if r["logger"] == "celery.app.trace" and " succeeded " in r["message"]]
+    assert sorted(r["shard_id"] for r in succeeded) == sorted(shards)  # Celery's own lines too
     assert all({"ts", "level", "logger", "message"} <= set(r) for r in records)
 
 

@@ -6,6 +6,7 @@ import logging
 import time
 
 from celery.exceptions import Reject
+from celery.signals import task_postrun, task_prerun
 
 from broker.queue import RUN_SHARD
 from store.logs import log_context
@@ -18,6 +19,7 @@ log = logging.getLogger(__name__)
 MAX_RETRIES = 3
 
 _state: dict = {}  # settings, host, cancel watcher, sweeper and metrics (optional) of this worker process
+_log_contexts: dict = {}  # task id -> the log context of the shard task running it
 
 
 def configure(settings, host, watcher, metrics=None) -> None:
@@ -52,11 +54,28 @@ def _timed(outcome_of, shard_id: str) -> str:
 def register(app) -> None:
     @app.task(name=RUN_SHARD, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_RETRIES)
     def run_shard(self, shard_id: str) -> str:
-        with log_context(**_log_ids(shard_id)):
-            outcome = _timed(lambda sid: _run_shard(self, sid), shard_id)
-            if outcome == shard_runner.RELEASED:  # back to the queue for the next worker
-                raise Reject("worker shutting down", requeue=True)
-            return outcome
+        outcome = _timed(lambda sid: _run_shard(self, sid), shard_id)
+        if outcome == shard_runner.RELEASED:  # back to the queue for the next worker
+            raise Reject("worker shutting down", requeue=True)
+        return outcome
+
+    # from before the task runs until after Celery logs its success, retry or failure
+    task_prerun.connect(_enter_log_context, weak=False)
+    task_postrun.connect(_leave_log_context, weak=False)
+
+
+def _enter_log_context(sender=None, task_id=None, args=(), **_kwargs) -> None:
+    if getattr(sender, "name", None) != RUN_SHARD or not args:
+        return
+    context = log_context(**_log_ids(args[0]))
+    context.__enter__()
+    _log_contexts[task_id] = context
+
+
+def _leave_log_context(task_id=None, **_kwargs) -> None:
+    context = _log_contexts.pop(task_id, None)
+    if context is not None:
+        context.__exit__(None, None, None)
 
 
 def _log_ids(shard_id: str) -> dict:
