@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Flask
 
-from api import platform
+from api import log_context, metrics, platform
 from api.auth import authenticate
 from api.errors import register_error_handlers
 from api.routes import jobs, meta, openai_batch
@@ -27,7 +27,9 @@ def create_app(settings: Settings | None = None, *, warm: bool = True) -> Flask:
     app.url_map.merge_slashes = False  # "/v1/jobs//x" is a 404 error object, not an HTML redirect
     platform.install(app, settings)
     register_error_handlers(app)
-    app.before_request(authenticate)  # every route but /healthz and /openapi.json needs an API key
+    metrics.install(app)  # /metrics, and every request timed and counted
+    app.before_request(authenticate)  # every route but /healthz, /openapi.json and /metrics needs an API key
+    log_context.install(app)  # log lines carry the tenant and job id
     app.register_blueprint(meta.bp)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(openai_batch.bp)

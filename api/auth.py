@@ -12,7 +12,7 @@ from api.errors import ApiError
 from api.platform import settings
 from store import keys
 
-PUBLIC_ENDPOINTS = frozenset({"meta.healthz", "meta.openapi"})
+PUBLIC_ENDPOINTS = frozenset({"meta.healthz", "meta.openapi", "metrics.metrics"})
 
 
 class Unauthorized(ApiError):

@@ -85,6 +85,7 @@ def _limit(default: int, maximum: int) -> dict:
 
 JSONL_FILE = {"type": "string", "format": "binary", "description": "JSONL, one OpenAI batch request a line"}
 JSONL = {"application/x-ndjson": {"schema": {"type": "string"}}}
+PROMETHEUS_TEXT = {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}
 PARQUET = {"application/vnd.apache.parquet": {"schema": {"type": "string", "format": "binary"}}}
 
 
@@ -93,6 +94,7 @@ def _meta_paths() -> dict:
     return {
         "/openapi.json": {"get": _operation("This document", any_object, {}, **PUBLIC)},
         "/healthz": {"get": _operation("Liveness and database check", any_object, {}, **PUBLIC)},
+        "/metrics": {"get": _operation("Prometheus metrics", ("200", PROMETHEUS_TEXT), {}, **PUBLIC)},
         "/v1/models": {
             "get": _operation("Models this deployment serves", ("200", _json(_ref("ModelList"))), AUTH)
         },

@@ -69,11 +69,17 @@ def enqueue_shards(settings: Settings, shards: list[tuple[str, str]]) -> None:
 
 
 def queue_size(settings: Settings, model: str) -> int:
-    """Messages waiting in a model's queue (0 when the queue does not exist, e.g. after a Redis restart)."""
+    """Messages waiting in a model's queue (0 when the queue does not exist, e.g. after a Redis restart).
+
+    Counted with the Redis channel's LLEN: kombu's passive queue_declare checks the queue with an EXISTS
+    that misses the global key prefix (kombu 5.7), so under PAGEDBATCH_BROKER_PREFIX it found no queue."""
     app = celery_client(settings)
     with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        if hasattr(channel, "_size"):  # kombu's Redis channel
+            return int(channel._size(settings.queue_for(model)))
         try:
-            return int(conn.default_channel.queue_declare(queue=settings.queue_for(model), passive=True).message_count)
+            return int(channel.queue_declare(queue=settings.queue_for(model), passive=True).message_count)
         except ChannelError:
             return 0
 

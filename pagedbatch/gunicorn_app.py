@@ -1,8 +1,14 @@
-"""The API as a gunicorn application, for `pagedbatch api`."""
+"""The API as a gunicorn application, for `pagedbatch api`, with its Prometheus multiprocess directory."""
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
+
 from gunicorn.app.base import BaseApplication
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 class GunicornApp(BaseApplication):
@@ -19,3 +25,21 @@ class GunicornApp(BaseApplication):
 
     def load(self):
         return self.app
+
+
+def prepare_metrics_dir() -> str:
+    """Point prometheus_client at a directory shared by the gunicorn workers (PROMETHEUS_MULTIPROC_DIR,
+    or a new temporary one), emptied of a previous run's files. Call before prometheus_client is imported."""
+    path = Path(os.environ.get(MULTIPROC_ENV) or tempfile.mkdtemp(prefix="pagedbatch-metrics-"))
+    path.mkdir(parents=True, exist_ok=True)
+    for stale in path.glob("*.db"):
+        stale.unlink()
+    os.environ[MULTIPROC_ENV] = str(path)
+    return str(path)
+
+
+def child_exit(_server, worker) -> None:
+    """gunicorn hook: a dead worker's live gauges leave the metrics (its counters stay summed)."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)

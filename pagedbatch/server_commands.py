@@ -5,10 +5,10 @@ They read PAGEDBATCH_* environment variables (see `store.settings`); `--model` a
 
 from __future__ import annotations
 
-import logging
 import sys
 
 from pagedbatch.engine_options import add_engine_options, engine_kwargs
+from store.logs import FORMATS, configure_logging
 from workers.priority import BOOKKEEPING_NICE
 
 
@@ -29,10 +29,14 @@ def _migrate(args) -> int:
 
 
 def _api(args) -> int:
+    from pagedbatch.gunicorn_app import GunicornApp, child_exit, prepare_metrics_dir
+
+    prepare_metrics_dir()  # before api.app loads prometheus_client: the workers' metrics add up
+    configure_logging("INFO", args.log_format)
     from api.app import create_app
-    from pagedbatch.gunicorn_app import GunicornApp
 
     options = {
+        "child_exit": child_exit,
         "bind": f"{args.host}:{args.port}",
         "workers": args.workers,
         "threads": args.threads,
@@ -51,7 +55,7 @@ def _worker(args) -> int:
         raise SystemExit("pagedbatch worker: give exactly one --model NAME=PATH (one engine per worker)")
     ((name, path),) = models.items()
     settings = settings_from(args)
-    logging.basicConfig(level=args.loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.loglevel, args.log_format)
     from workers.process import run_worker
 
     run_worker(
@@ -63,6 +67,7 @@ def _worker(args) -> int:
         concurrency=args.concurrency,
         loglevel=args.loglevel,
         bookkeeping_nice=args.bookkeeping_nice,
+        metrics_port=args.metrics_port,
     )
     return 0
 
@@ -71,6 +76,12 @@ def _serve(args) -> int:
     from pagedbatch.supervisor import serve
 
     return serve(args, settings_from(args))
+
+
+def _add_log_format(parser) -> None:
+    parser.add_argument(
+        "--log-format", choices=FORMATS, default=None, help="log lines as JSON objects or text (PAGEDBATCH_LOG_FORMAT)"
+    )
 
 
 def add_commands(commands) -> None:
@@ -91,6 +102,7 @@ def add_commands(commands) -> None:
     api.add_argument(
         "--model", action="append", metavar="NAME=PATH", help="models to validate against (or PAGEDBATCH_MODELS)"
     )
+    _add_log_format(api)
     api.set_defaults(func=_api)
 
     worker = commands.add_parser("worker", help="a Celery worker with one engine, for one model's queue")
@@ -106,6 +118,10 @@ def add_commands(commands) -> None:
         help="build the engine with this callable, given engine.LLMEngine's keyword arguments "
         "(default: engine.LLMEngine); tests use it for engines that fail on purpose",
     )  # fmt: skip
+    worker.add_argument(
+        "--metrics-port", type=int, default=None, metavar="PORT", help="serve Prometheus metrics on this port"
+    )
+    _add_log_format(worker)
     add_engine_options(worker)
     worker.set_defaults(func=_worker)
 

@@ -32,7 +32,7 @@ from pagedbatch.embedded import (
     servers_or_embedded,
 )
 from store.settings import Settings
-from tests.helpers import MODEL, REPO, spawn
+from tests.helpers import MODEL, REPO, free_port, spawn
 
 OTHER_TENANT = "other"
 
@@ -82,6 +82,7 @@ class Harness:
         self.api_key = self.key_for(self.settings.default_tenant)  # tenant "default"
         self.other_key = self.key_for(OTHER_TENANT)
         self._worker: subprocess.Popen | None = None
+        self.metrics_port: int | None = None  # the worker's Prometheus port
         self._server = None
         self.base_url: str | None = None
         self._lock = threading.Lock()
@@ -93,6 +94,7 @@ class Harness:
             if self._worker is not None and self._worker.poll() is None:
                 return
             log = self.tmp / "worker.log"
+            self.metrics_port = free_port()
             env = {**os.environ, **self.settings.to_env(), "PYTHONUNBUFFERED": "1"}
             self._worker = spawn(
                 [
@@ -105,6 +107,8 @@ class Harness:
                     f"--concurrency={concurrency}",
                     "--loglevel=info",
                     "--device=cpu",
+                    f"--metrics-port={self.metrics_port}",
+                    "--log-format=json",
                 ],
                 cwd=REPO,
                 env=env,

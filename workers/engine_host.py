@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections import Counter, deque
 from concurrent.futures import Future
 
@@ -51,6 +52,7 @@ class EngineHost:
         self._stop = threading.Event()
         self._ready = threading.Event()
         self.loop_thread_id: int | None = None  # the loop thread's native id, once it runs
+        self.observer = None  # told of every step (workers.metrics.WorkerMetrics), when set
         self._load_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(factory,), name="engine-loop", daemon=True)
         self._thread.start()
@@ -174,11 +176,16 @@ class EngineHost:
                 self._wake.wait(self.idle_wait_s)
                 self._wake.clear()
                 continue
+            started = time.perf_counter()
             try:
                 outputs = self.engine.step()
             except Exception as exc:  # noqa: BLE001 - isolate the request that failed, keep serving
+                if self.observer is not None:
+                    self.observer.step_failed(exc)
                 self._step_failed(exc)
                 continue
+            if self.observer is not None:
+                self.observer.step_done(outputs, time.perf_counter() - started)
             for output in outputs:
                 if not getattr(output, "finished", True):
                     continue

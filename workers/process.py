@@ -14,6 +14,7 @@ from workers import tasks
 from workers.cancel import CancelWatcher
 from workers.celery_app import make_celery
 from workers.engine_host import EngineHost
+from workers.metrics import WorkerMetrics
 from workers.priority import BOOKKEEPING_NICE, lower_this_thread
 
 
@@ -58,6 +59,7 @@ def run_worker(
     concurrency: int = 4,
     loglevel: str = "info",
     bookkeeping_nice: int = BOOKKEEPING_NICE,
+    metrics_port: int | None = None,
 ) -> None:
     """Serve `model_name`'s queue with one engine loaded from `model_path`, until SIGTERM or SIGINT."""
     factory = load_engine_factory(engine_factory)
@@ -65,11 +67,17 @@ def run_worker(
     if bookkeeping_nice:  # every thread started from here on yields to the engine's
         lower_this_thread(bookkeeping_nice)
     watcher = CancelWatcher(settings, host)
-    tasks.configure(settings, host, watcher)
+    metrics = None
+    if metrics_port is not None:
+        metrics = WorkerMetrics(model_name)
+        metrics.watch(host)
+        metrics.serve(metrics_port)
+    tasks.configure(settings, host, watcher, metrics)
     queue = settings.queue_for(model_name)
     print(
         f"pagedbatch worker: model {model_name} from {model_path}, queue {queue}, "
-        f"engine loop thread {host.loop_thread_id}",
+        f"engine loop thread {host.loop_thread_id}"
+        + (f", metrics on port {metrics_port}" if metrics_port is not None else ""),
         file=sys.stderr,
     )
     try:

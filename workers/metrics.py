@@ -1,0 +1,96 @@
+"""Prometheus metrics of a worker (served with `pagedbatch worker --metrics-port`).
+
+Counted as the engine runs: tokens in and out, prefix-cache queries and hits (tokens), step time,
+failed steps, shard durations by outcome. Read from the engine when scraped: running and waiting
+sequences, KV blocks used and free, preemptions. Every series carries the worker's `model` label.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+SHARD_BUCKETS = (0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200)
+
+
+class EngineCollector:
+    """The engine's state at scrape time; an engine without a scheduler (a test double) reports nothing."""
+
+    def __init__(self, host, model: str):
+        self.host = host
+        self.model = model
+
+    def collect(self):
+        engine = self.host.engine
+        scheduler = getattr(engine, "scheduler", None)
+        blocks = getattr(engine, "block_manager", None)
+        if scheduler is None or blocks is None:
+            return
+        yield self._gauge("pagedbatch_sequences_running", "Sequences in the running batch", len(scheduler.running))
+        yield self._gauge("pagedbatch_sequences_waiting", "Sequences waiting to be scheduled", len(scheduler.waiting))
+        free = blocks.num_free_blocks
+        yield self._gauge("pagedbatch_kv_blocks_free", "Free KV-cache blocks", free)
+        yield self._gauge("pagedbatch_kv_blocks_used", "KV-cache blocks in use", blocks.num_blocks - free)
+        preemptions = CounterMetricFamily(
+            "pagedbatch_preemptions", "Sequences preempted (blocks freed, recomputed later)", labels=["model"]
+        )
+        preemptions.add_metric([self.model], scheduler.num_preemptions)
+        yield preemptions
+
+    def _gauge(self, name: str, documentation: str, value: float) -> GaugeMetricFamily:
+        gauge = GaugeMetricFamily(name, documentation, labels=["model"])
+        gauge.add_metric([self.model], value)
+        return gauge
+
+
+class WorkerMetrics:
+    """One worker's metrics in their own registry; EngineHost calls `step_done`/`step_failed`."""
+
+    def __init__(self, model: str):
+        self.model = model
+        self.registry = CollectorRegistry()
+
+        def counter(name: str, documentation: str) -> Counter:
+            return Counter(name, documentation, ["model"], registry=self.registry).labels(model)
+
+        self.prompt_tokens = counter("pagedbatch_prompt_tokens", "Prompt tokens of finished requests")
+        self.generation_tokens = counter("pagedbatch_generation_tokens", "Tokens generated for finished requests")
+        self.requests_finished = counter("pagedbatch_requests_finished", "Requests the engine finished")
+        self.cache_queries = counter("pagedbatch_prefix_cache_queries", "Prompt tokens looked up in the prefix cache")
+        self.cache_hits = counter("pagedbatch_prefix_cache_hits", "Prompt tokens found in the prefix cache")
+        self.engine_errors = counter("pagedbatch_engine_errors", "Engine steps that raised")
+        self.step_seconds = Histogram(
+            "pagedbatch_engine_step_seconds", "Time of one engine step", ["model"],
+            buckets=STEP_BUCKETS, registry=self.registry,
+        ).labels(model)  # fmt: skip
+        self.shard_seconds = Histogram(
+            "pagedbatch_shard_duration_seconds", "Time to run one shard task, by outcome", ["model", "outcome"],
+            buckets=SHARD_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+
+    def watch(self, host) -> None:
+        """Report `host`'s engine state at scrape time and count its steps."""
+        self.registry.register(EngineCollector(host, self.model))
+        host.observer = self
+
+    def step_done(self, outputs, seconds: float) -> None:
+        self.step_seconds.observe(seconds)
+        for output in outputs:
+            if not getattr(output, "finished", True):
+                continue
+            prompt = len(getattr(output, "prompt_token_ids", None) or ())
+            self.requests_finished.inc()
+            self.prompt_tokens.inc(prompt)
+            self.cache_queries.inc(prompt)
+            self.cache_hits.inc(getattr(output, "num_cached_tokens", 0) or 0)
+            self.generation_tokens.inc(sum(len(c.token_ids) for c in getattr(output, "outputs", ())))
+
+    def step_failed(self, _exc: BaseException) -> None:
+        self.engine_errors.inc()
+
+    def shard_done(self, outcome: str, seconds: float) -> None:
+        self.shard_seconds.labels(self.model, outcome).observe(seconds)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        start_http_server(port, addr=addr, registry=self.registry)
