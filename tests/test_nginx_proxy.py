@@ -159,16 +159,22 @@ def normal_requests(port: int, key: str, timeout: float) -> list[float]:
     return took
 
 
-def trickle(port: int, count: int, seconds: float) -> None:
-    """`count` slow clients for `seconds`: half send their headers one byte a second, half send whole
-    upload headers and then their body one byte a second; then they all hang up."""
+def trickle(port: int, key: str, count: int, seconds: float) -> None:
+    """`count` slow clients for `seconds`: half send their headers one byte a second, half send a whole
+    authenticated upload's headers and then its file one byte a second; then they all hang up."""
+    boundary = "slowboundary"
+    preamble = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="slow.jsonl"\r\n\r\n'
+    )
+    upload_head = (
+        f"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Length: 100000\r\n"
+        f"Content-Type: multipart/form-data; boundary={boundary}\r\n\r\n{preamble}"
+    )
     socks = []
     for i in range(count):
         s = socket.create_connection(("127.0.0.1", port), timeout=5)
-        if i % 2:
-            s.sendall(b"POST /v1/files HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
-        else:
-            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        s.sendall(upload_head.encode() if i % 2 else b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
         socks.append(s)
     try:
         deadline = time.monotonic() + seconds
@@ -186,7 +192,7 @@ def latency_under_slow_clients(port: int, key: str) -> tuple[float, float]:
     """(worst idle latency, worst latency while SLOW_CLIENTS trickle) of the normal client."""
     normal_requests(port, key, timeout=10)  # warm up
     idle = max(max(normal_requests(port, key, timeout=10)) for _ in range(3))
-    slow = threading.Thread(target=trickle, args=(port, SLOW_CLIENTS, TRICKLE_S), daemon=True)
+    slow = threading.Thread(target=trickle, args=(port, key, SLOW_CLIENTS, TRICKLE_S), daemon=True)
     slow.start()
     time.sleep(1.5)  # every slow client connected and started
     loaded = max(normal_requests(port, key, timeout=3))
