@@ -7,6 +7,7 @@ import getpass
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -19,7 +20,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
+from api.routes.uploads import FRAMING_ROOM
+from store.settings import Settings
 from tests.helpers import MODEL, REPO, chat_line, free_port, jsonl, spawn
 
 TEMPLATE = REPO / "deploy" / "nginx.conf.template"
@@ -253,3 +257,19 @@ def test_nginx_answers_json_502_when_gunicorn_is_down():
         status, content_type, body = _raw(port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
     assert (status, content_type) == (502, "application/json")
     assert body["error"]["type"] == "server_error" and body["error"]["code"] == "bad_gateway"
+
+
+def test_compose_publishes_only_nginx_with_every_placeholder_filled():
+    """docker-compose.yml cannot be run here (no Docker daemon): check it fills the template this module runs."""
+    services = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+    proxy, api = services["proxy"], services["api"]
+    assert "ports" not in api and api["expose"] == ["8000"]
+    assert proxy["ports"] == ["8000:8000"] and proxy["depends_on"]["api"] == {"condition": "service_healthy"}
+    assert "./deploy/nginx.conf.template:/etc/nginx/templates/nginx.conf.template:ro" in proxy["volumes"]
+    env = proxy["environment"]
+    assert env["NGINX_ENVSUBST_OUTPUT_DIR"] == "/etc/nginx"  # the image writes /etc/nginx/nginx.conf
+    placeholders = set(re.findall(r"\$\{(\w+)\}", TEMPLATE.read_text()))
+    assert placeholders == set(env) - {"NGINX_ENVSUBST_OUTPUT_DIR"}
+    assert env["PAGEDBATCH_UPSTREAM"] == "api:8000"
+    upload_limit = Settings().max_upload_bytes + FRAMING_ROOM
+    assert env["NGINX_MAX_BODY"] == f"{upload_limit >> 20}m" and upload_limit % (1 << 20) == 0
