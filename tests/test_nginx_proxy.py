@@ -222,6 +222,57 @@ def test_the_same_slow_clients_delay_others_directly_against_gunicorn(platform, 
     assert max(normal_requests(nginx_port, platform.api_key, timeout=10)) < 5  # all back to normal
 
 
+def _upload(port: int, key: str, data: bytes) -> str:
+    boundary = "bigboundary"
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="big.jsonl"\r\n\r\n'
+        ).encode()
+        + data
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": f"multipart/form-data; boundary={boundary}"}
+    conn.request("POST", "/v1/files", body=body, headers=headers)
+    response = conn.getresponse()
+    assert response.status == 200, response.read()[:500]
+    return json.loads(response.read())["id"]
+
+
+def stalled_downloads(port: int, key: str, file_id: str, count: int) -> list[socket.socket]:
+    """`count` clients that ask for a file and read nothing (a 4 KB receive window each)."""
+    socks = []
+    for _ in range(count):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", port))
+        s.sendall(
+            f"GET /v1/files/{file_id}/content HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n".encode()
+        )
+        socks.append(s)
+    return socks
+
+
+@pytest.mark.slow
+def test_stalled_downloads_hold_nginx_not_gunicorn(platform, gunicorn_port, nginx_port):
+    """Proxy buffering: nginx reads a 9 MB answer from gunicorn at once and feeds it to a client that does
+    not read; directly, each such client holds one of gunicorn's threads until it reads or hangs up."""
+    key = platform.api_key
+    big = jsonl([chat_line(f"r{i}", "hi " * 100) for i in range(20_000)])  # 9 MB: more than the socket buffers hold
+    file_id = _upload(gunicorn_port, key, big)
+    for port, held in ((nginx_port, False), (gunicorn_port, True)):
+        socks = stalled_downloads(port, key, file_id, 20)
+        try:
+            time.sleep(1.5)
+            took = max(normal_requests(port, key, timeout=3))
+        finally:
+            for s in socks:
+                s.close()
+        print(f"\n20 stalled downloads on port {port} ({'gunicorn' if held else 'nginx'}): normal client {took:.3f} s")
+        assert (took >= 3) == held
+
+
 # ---- nginx's own errors --------------------------------------------------------------------------------
 
 
