@@ -55,13 +55,17 @@ class Usage:
     queued_requests: int
 
 
+def _tenant_or_default(row: Tenant | None, column: str, default: int) -> int:
+    """The tenant's own setting where it has one, else the deployment's default."""
+    value = getattr(row, column) if row is not None else None
+    return default if value is None else value
+
+
 def limits_for(session: Session, settings: Settings, tenant: str) -> Limits:
     row = session.get(Tenant, tenant)
-    jobs = row.max_active_jobs if row is not None and row.max_active_jobs is not None else None
-    queued = row.max_queued_requests if row is not None and row.max_queued_requests is not None else None
     return Limits(
-        settings.max_active_jobs_per_tenant if jobs is None else jobs,
-        settings.max_queued_requests_per_tenant if queued is None else queued,
+        _tenant_or_default(row, "max_active_jobs", settings.max_active_jobs_per_tenant),
+        _tenant_or_default(row, "max_queued_requests", settings.max_queued_requests_per_tenant),
     )
 
 
@@ -138,11 +142,9 @@ class FileQuota:
 
 def file_quota_for(session: Session, settings: Settings, tenant: str) -> FileQuota:
     row = session.get(Tenant, tenant)
-    files = row.max_files if row is not None and row.max_files is not None else None
-    size = row.max_file_bytes if row is not None and row.max_file_bytes is not None else None
     return FileQuota(
-        settings.max_files_per_tenant if files is None else files,
-        settings.max_file_bytes_per_tenant if size is None else size,
+        _tenant_or_default(row, "max_files", settings.max_files_per_tenant),
+        _tenant_or_default(row, "max_file_bytes", settings.max_file_bytes_per_tenant),
     )
 
 
