@@ -14,6 +14,7 @@ import torch
 from engine.block_manager import BlockManager, cdiv
 from engine.config import EngineConfig, ModelConfig, resolve_device, resolve_dtype
 from engine.generation_config import default_sampling_values, eos_ids, read_generation_config
+from engine.kv_export import KVBundle, KVTransfer, wants_export
 from engine.model_runner import ModelRunner
 from engine.outputs import CompletionOutput, Logprob, RequestOutput
 from engine.prompt_logprobs import plan as plan_prompt_logprobs
@@ -39,6 +40,7 @@ class _Request:
     prompt_token_ids: list[int]
     params: SamplingParams
     seqs: list[Sequence]
+    kv_import: KVBundle | None = None  # a decode half, until its KV is in the pool
 
 
 class LLMEngine:
@@ -67,6 +69,7 @@ class LLMEngine:
         )
         self.sampler = Sampler(self.model_config.vocab_size, self.device, self.config.seed)
         self.detokenizer = Detokenizer(self.tokenizer)
+        self.kv = KVTransfer(self)  # prefill/decode disaggregation (engine/kv_export.py)
         self.requests: dict[str, _Request] = {}  # admitted to the scheduler
         self._incoming: deque[_Request] = deque()  # added, not yet admitted
         self._known_ids: set[str] = set()  # ids of both
@@ -108,6 +111,8 @@ class LLMEngine:
         """The prompt's text and token ids (truncated as `truncate_prompt_tokens` says), checked
         with `params`; raises ValueError for a request that can never be served."""
         params.validate()
+        if params.extra_args and "kv_transfer_params" in params.extra_args:
+            self.kv.check_params(params)
         text, ids = self.tokenize(prompt)
         keep = params.truncate_prompt_tokens
         if keep is not None:
@@ -154,6 +159,19 @@ class LLMEngine:
             self._known_ids.add(request_id)
             self._incoming.append(_Request(request_id, text, ids, params, seqs))
 
+    def add_imported_request(self, request_id: str, bundle: KVBundle, params: SamplingParams) -> None:
+        """Queue the decode half of a request prefilled by another engine (engine/kv_export.py)."""
+        self.kv.check(bundle, params)
+        text, ids = self.prepare({"prompt_token_ids": bundle.prompt_token_ids}, params)
+        seq = Sequence(next(self._seq_ids), request_id, 0, ids, params, time.time(), StopStrings(params.stop_strings))
+        if params.bad_words:
+            seq.bad_words_token_ids = bad_words_token_ids(self.tokenizer, params.bad_words)
+        with self._intake_lock:
+            if request_id in self._known_ids:
+                raise ValueError(f"request id {request_id!r} is already in use")
+            self._known_ids.add(request_id)
+            self._incoming.append(_Request(request_id, bundle.prompt, ids, params, [seq], bundle))
+
     def abort_request(self, request_id: str) -> bool:
         """Drop a request now; its blocks return to the pool at once. False if unknown."""
         with self._lock:
@@ -168,6 +186,8 @@ class LLMEngine:
             req = self.requests.pop(request_id, None)
             if req is None:
                 return False
+            if self.kv.drop(req):
+                return True
             for seq in req.seqs:
                 if not seq.is_finished:
                     self.scheduler.finish(seq)
@@ -189,11 +209,15 @@ class LLMEngine:
                 incoming, self._incoming = self._incoming, deque()
             for req in incoming:
                 self.requests[req.request_id] = req
+                if req.kv_import is not None:
+                    self.kv.pending.append(req)
+                    continue
                 for seq in req.seqs:
                     self.scheduler.add(seq)
+            finished: list[RequestOutput] = self.kv.admit()
             batch = self.scheduler.schedule()
             if not batch:
-                return []
+                return finished
             spans, rows = plan_prompt_logprobs(batch)
             logits, hidden = self.runner.execute(batch, rows) if rows else (self.runner.execute(batch), None)
             if spans:
@@ -204,13 +228,14 @@ class LLMEngine:
             for seq, n in zip(batch.seqs, batch.num_new_tokens):
                 seq.num_computed_tokens += n
                 self.block_manager.register_full_blocks(seq)
-            finished: list[RequestOutput] = []
             for i, seq in enumerate(samplers):
                 seq.append_token(tokens[i])
                 if logprobs is not None and seq.logprobs is not None:
                     self._record_logprobs(seq, logprobs[i])
                 self._check_stop(seq)
-                if seq.is_finished:
+                if not seq.is_finished and wants_export(seq):
+                    finished.append(self.kv.export(seq))
+                elif seq.is_finished:
                     output = self._request_done(seq)
                     if output is not None:
                         finished.append(output)

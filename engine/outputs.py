@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -45,3 +46,5 @@ class RequestOutput:
     metrics: dict = field(default_factory=dict)  # arrival/first-token/finish times (time.time())
     # One entry per prompt token; the first is None (nothing predicts it), as in vLLM.
     prompt_logprobs: list[PositionLogprobs | None] | None = None
+    # A prefill-only request's KV and first token (engine.kv_export.KVBundle; finished is False then).
+    kv_export: Any = None
