@@ -8,6 +8,7 @@ import base64
 import json
 from dataclasses import asdict
 
+import numpy as np
 import torch
 
 from engine.block_manager import cdiv
@@ -57,8 +58,9 @@ class KVAssembler:
             raise ValueError(f"unexpected KV layer {index}")
         if len(k) != self.layer_nbytes or len(v) != self.layer_nbytes:
             raise ValueError(f"KV layer {index} has {len(k)}/{len(v)} bytes, expected {self.layer_nbytes}")
+        # One copy out of the transport's buffer (numpy's is a plain memcpy).
         self.layers[index] = tuple(
-            torch.frombuffer(bytearray(b), dtype=torch.uint8).view(self.dtype).view(self.shape) for b in (k, v))
+            torch.from_numpy(np.frombuffer(b, np.uint8).copy()).view(self.dtype).view(self.shape) for b in (k, v))
 
     @property
     def complete(self) -> bool:

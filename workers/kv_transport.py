@@ -152,7 +152,7 @@ class InProcessTransport(KVTransport):
             raise ConnectionError(f"no KV endpoint at {worker!r}")
         for msg in bundle_messages(request_id, bundle, reason):
             self.bytes_sent += sum(len(f) for f in msg[3:])
-            peer.inbox.feed([bytes(f) for f in msg])
+            peer.inbox.feed(msg)  # the receiver copies the buffers it keeps
 
     def close(self) -> None:
         self._registry.pop(self.address, None)
