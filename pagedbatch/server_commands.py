@@ -68,6 +68,7 @@ def _worker(args) -> int:
         loglevel=args.loglevel,
         bookkeeping_nice=args.bookkeeping_nice,
         metrics_port=args.metrics_port,
+        role=args.role,
     )
     return 0
 
@@ -121,6 +122,11 @@ def add_commands(commands) -> None:
     worker.add_argument(
         "--metrics-port", type=int, default=None, metavar="PORT", help="serve Prometheus metrics on this port"
     )
+    worker.add_argument(
+        "--role", choices=("both", "prefill", "decode"), default="both",
+        help="both: prefill and decode here (default); decode: take shards, prefill on the prefill workers "
+        "(locally when none is alive); prefill: serve prefills to decode workers, take no shards",
+    )  # fmt: skip
     _add_log_format(worker)
     add_engine_options(worker)
     worker.set_defaults(func=_worker)

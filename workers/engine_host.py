@@ -53,6 +53,7 @@ class EngineHost:
         self._ready = threading.Event()
         self.loop_thread_id: int | None = None  # the loop thread's native id, once it runs
         self.observer = None  # told of every step (workers.metrics.WorkerMetrics), when set
+        self.remote_prefill = None  # a decode worker's workers.remote_prefill.RemotePrefill, when set
         self._load_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(factory,), name="engine-loop", daemon=True)
         self._thread.start()
@@ -121,6 +122,8 @@ class EngineHost:
                 self._in_engine.discard(request_id)
             if future is None:
                 continue
+            if in_engine and self.remote_prefill is not None:
+                self.remote_prefill.cancel(request_id)
             if in_engine:
                 try:
                     self.engine.abort_request(request_id)
@@ -159,6 +162,29 @@ class EngineHost:
     def _add(self, request_id: str) -> None:
         """Put a known request into the engine (under the lock); a rejected one fails alone."""
         prompt, params = self._requests[request_id]
+        if self.remote_prefill is not None and self.remote_prefill.start(request_id, prompt, params, self._prefilled):
+            self._in_engine.add(request_id)  # it holds a place while its KV is made elsewhere
+            return
+        self._add_local(request_id, prompt, params)
+
+    def _prefilled(self, request_id: str, bundle) -> None:
+        """A remote prefill ended: import its KV, or (None) prefill it here after all."""
+        with self._lock:
+            if request_id not in self._in_engine or request_id not in self._requests:
+                return  # aborted meanwhile
+            prompt, params = self._requests[request_id]
+            try:
+                if bundle is not None:
+                    self.engine.add_imported_request(request_id, bundle, params)
+                    return
+            except ValueError as exc:
+                log.warning("KV of %s not imported (%s); prefilling it here", request_id, exc)
+            finally:
+                self._wake.set()
+            self._in_engine.discard(request_id)
+            self._add_local(request_id, prompt, params)
+
+    def _add_local(self, request_id: str, prompt, params) -> None:
         try:
             self.engine.add_request(request_id, prompt, params)
         except Exception as exc:  # noqa: BLE001 - handed to the caller through the future
@@ -187,8 +213,8 @@ class EngineHost:
             if self.observer is not None:
                 self.observer.step_done(outputs, time.perf_counter() - started)
             for output in outputs:
-                if not getattr(output, "finished", True):
-                    continue
+                if not getattr(output, "finished", True) and getattr(output, "kv_export", None) is None:
+                    continue  # a prefill-only request's output (kv_export set) is final
                 with self._lock:
                     future = self._futures.pop(output.request_id, None)
                     self._requests.pop(output.request_id, None)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from engine import LLMEngine
 from store.settings import Settings
-from workers import tasks
+from workers import disagg, tasks
 from workers.cancel import CancelWatcher
 from workers.celery_app import make_celery
 from workers.engine_host import EngineHost
@@ -60,10 +60,19 @@ def run_worker(
     loglevel: str = "info",
     bookkeeping_nice: int = BOOKKEEPING_NICE,
     metrics_port: int | None = None,
+    role: str = "both",
 ) -> None:
-    """Serve `model_name`'s queue with one engine loaded from `model_path`, until SIGTERM or SIGINT."""
+    """Serve `model_name`'s queue with one engine loaded from `model_path`, until SIGTERM or SIGINT
+    (`role`: see workers.disagg; a prefill worker serves decode workers instead of the queue)."""
     factory = load_engine_factory(engine_factory)
     host = EngineHost(lambda: factory(model=model_path, **engine_kwargs))
+    if role == "prefill":
+        try:
+            return disagg.serve_prefill(settings, model_name, host)
+        finally:
+            host.close()
+    if role == "decode":
+        disagg.attach_remote_prefill(settings, model_name, host)
     if bookkeeping_nice:  # every thread started from here on yields to the engine's
         lower_this_thread(bookkeeping_nice)
     watcher = CancelWatcher(settings, host)
@@ -75,7 +84,7 @@ def run_worker(
     tasks.configure(settings, host, watcher, metrics)
     queue = settings.queue_for(model_name)
     print(
-        f"pagedbatch worker: model {model_name} from {model_path}, queue {queue}, "
+        f"pagedbatch worker: model {model_name} from {model_path}, queue {queue}, role {role}, "
         f"engine loop thread {host.loop_thread_id}"
         + (f", metrics on port {metrics_port}" if metrics_port is not None else ""),
         file=sys.stderr,

@@ -1,0 +1,68 @@
+"""Worker roles for prefill/decode disaggregation (`pagedbatch worker --role`).
+
+`both` (the default) is a worker as before. `decode` takes shards from the model's queue like
+`both`, holds their leases and writes their rows, but sends each request's prefill to a live
+prefill worker (`workers.remote_prefill`) and decodes from the KV it gets back; with none alive
+it prefills locally. `prefill` takes no shards: it serves prefills to decode workers
+(`workers.prefill_service`) and announces itself in Redis (`workers.prefill_registry`).
+
+Settings (environment): PAGEDBATCH_KV_HOST (the address other hosts reach this one at; default
+127.0.0.1, so one host only), PAGEDBATCH_PREFILL_IN_FLIGHT (8), PAGEDBATCH_KV_TIMEOUT_S (30: a
+transfer that makes no progress this long falls back to a local prefill),
+PAGEDBATCH_PREFILL_LIVENESS_S (3: a prefill worker silent this long is dead).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+from workers.kv_zmq import ZmqTransport
+from workers.prefill_registry import Heartbeat, PrefillRegistry
+from workers.prefill_service import PrefillServer
+from workers.remote_prefill import RemotePrefill
+
+ROLES = ("both", "prefill", "decode")
+
+
+def _kv_host() -> str:
+    return os.environ.get("PAGEDBATCH_KV_HOST", "127.0.0.1")
+
+
+def _bind() -> str:
+    host = _kv_host()
+    return f"tcp://{'127.0.0.1' if host in ('127.0.0.1', 'localhost') else '0.0.0.0'}:0"
+
+
+def _registry(settings, model: str) -> PrefillRegistry:
+    return PrefillRegistry.from_url(settings.broker_url, model,
+                                    float(os.environ.get("PAGEDBATCH_PREFILL_LIVENESS_S", "3")))
+
+
+def attach_remote_prefill(settings, model: str, host) -> RemotePrefill:
+    """Make `host` (a decode worker's EngineHost) prefill on the prefill pool."""
+    transport = ZmqTransport(_bind(), advertise_host=_kv_host())
+    remote = RemotePrefill(host.engine, _registry(settings, model), transport,
+                           max_in_flight=int(os.environ.get("PAGEDBATCH_PREFILL_IN_FLIGHT", "8")),
+                           kv_timeout_s=float(os.environ.get("PAGEDBATCH_KV_TIMEOUT_S", "30")))
+    host.remote_prefill = remote
+    return remote
+
+
+def serve_prefill(settings, model: str, host) -> None:
+    """Serve prefills for `model` from `host` until SIGTERM or SIGINT."""
+    transport = ZmqTransport(_bind(), advertise_host=_kv_host())
+    server = PrefillServer(host, transport, _bind(), advertise_host=_kv_host())
+    heartbeat = Heartbeat(_registry(settings, model), server.address)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"pagedbatch worker: prefill for model {model} at {server.address}", file=sys.stderr, flush=True)
+    try:
+        stop.wait()
+    finally:
+        heartbeat.stop()
+        server.close()
+        transport.close()
