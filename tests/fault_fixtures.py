@@ -162,12 +162,13 @@ class FaultHarness:
     # ---- workers ----------------------------------------------------------------------------
 
     def start_worker(
-        self, concurrency: int = 2, timeout: float = 120, engine_factory: str | None = None, **env: str
+        self, concurrency: int = 2, timeout: float = 120, engine_factory: str | None = None, role: str = "both",
+        **env: str,
     ) -> Worker:
-        """A worker process; `engine_factory` (e.g. "tests.doubles:slow_engine") and `env` configure it."""
+        """A worker process; `engine_factory` (e.g. "tests.doubles:slow_engine"), `role` and `env` configure it."""
         log = self.tmp / f"worker-{len(self.workers)}.log"
         cmd = [sys.executable, "-m", "pagedbatch", "worker", "--model", f"{MODEL}={self.model_path}"]
-        cmd += [f"--concurrency={concurrency}", "--loglevel=info", "--device=cpu"]
+        cmd += [f"--concurrency={concurrency}", "--loglevel=info", "--device=cpu", f"--role={role}"]
         if engine_factory:
             cmd.append(f"--engine-factory={engine_factory}")
         worker = Worker(spawn(cmd, log, cwd=REPO, env=self.env(**env)), log)

@@ -9,7 +9,8 @@ it prefills locally. `prefill` takes no shards: it serves prefills to decode wor
 Settings (environment): PAGEDBATCH_KV_HOST (the address other hosts reach this one at; default
 127.0.0.1, so one host only), PAGEDBATCH_PREFILL_IN_FLIGHT (8), PAGEDBATCH_KV_TIMEOUT_S (30: a
 transfer that makes no progress this long falls back to a local prefill),
-PAGEDBATCH_PREFILL_LIVENESS_S (3: a prefill worker silent this long is dead).
+PAGEDBATCH_PREFILL_LIVENESS_S (3: a prefill worker silent this long is dead),
+PAGEDBATCH_KV_MAX_SEND_MBPS (0 = no cap: a prefill worker's KV send rate, in megabits per second).
 """
 
 from __future__ import annotations
@@ -53,13 +54,14 @@ def attach_remote_prefill(settings, model: str, host) -> RemotePrefill:
 
 def serve_prefill(settings, model: str, host) -> None:
     """Serve prefills for `model` from `host` until SIGTERM or SIGINT."""
-    transport = ZmqTransport(_bind(), advertise_host=_kv_host())
+    transport = ZmqTransport(_bind(), advertise_host=_kv_host(),
+                             max_send_mbps=float(os.environ.get("PAGEDBATCH_KV_MAX_SEND_MBPS", "0")))
     server = PrefillServer(host, transport, _bind(), advertise_host=_kv_host())
     heartbeat = Heartbeat(_registry(settings, model), server.address)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    print(f"pagedbatch worker: prefill for model {model} at {server.address}", file=sys.stderr, flush=True)
+    print(f"pagedbatch worker: prefill for model {model} at {server.address} ready.", file=sys.stderr, flush=True)
     try:
         stop.wait()
     finally:

@@ -1,12 +1,14 @@
 """`KVTransport` over TCP with ZeroMQ: each endpoint binds a ROUTER socket at its address and
 receives there on a thread of its own; sending goes through one DEALER per peer, one message
 per layer with zero-copy frames, so the sender never holds more than the bundle it already has
-and the receiver sees a dead sender as a bundle that stops making progress."""
+and the receiver sees a dead sender as a bundle that stops making progress. `max_send_mbps` caps
+what one endpoint sends (so KV traffic leaves room on a shared network)."""
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import zmq
 
@@ -23,8 +25,9 @@ def default_host() -> str:
 
 class ZmqTransport(KVTransport):
     def __init__(self, bind: str = "tcp://127.0.0.1:0", advertise_host: str | None = None,
-                 context: zmq.Context | None = None, send_timeout_s: float = 30.0):
+                 context: zmq.Context | None = None, send_timeout_s: float = 30.0, max_send_mbps: float = 0.0):
         super().__init__()
+        self.max_send_bytes_s = max_send_mbps * 1e6 / 8  # 0: unlimited
         self._ctx = context or zmq.Context.instance()
         self._recv = self._ctx.socket(zmq.ROUTER)
         self._recv.setsockopt(zmq.LINGER, 0)
@@ -63,12 +66,16 @@ class ZmqTransport(KVTransport):
     def send(self, worker: str, request_id: str, bundle: KVBundle | None, reason: str = "") -> None:
         with self._send_lock:
             sock = self._peer(worker)
+            started, sent = time.monotonic(), 0
             for msg in bundle_messages(request_id, bundle, reason):
                 try:
                     sock.send_multipart(msg, copy=False)
                 except zmq.Again:
                     raise ConnectionError(f"KV send to {worker} timed out") from None
-                self.bytes_sent += sum(len(f) for f in msg[3:])
+                sent += sum(len(f) for f in msg[3:])
+                if self.max_send_bytes_s:  # pace to the cap, one layer at a time
+                    time.sleep(max(0.0, started + sent / self.max_send_bytes_s - time.monotonic()))
+            self.bytes_sent += sent
 
     def close(self) -> None:
         self._stop.set()

@@ -103,6 +103,8 @@ class PrefillServer:
                     bundle = future.result().kv_export
                     why = "" if bundle is not None else "finished on the prefill side"
             started = time.perf_counter()
+            if bundle is not None:
+                log.info("sending KV of %s (%d bytes) to %s", rid, bundle.nbytes, reply_to)
             try:
                 self.transport.send(reply_to, rid, bundle, why)
             except (ConnectionError, zmq.ZMQError) as exc:
