@@ -7,13 +7,16 @@ import os
 import secrets
 
 import pytest
+from prometheus_client import generate_latest
 
 from engine import LLMEngine, SamplingParams
 from pagedbatch.embedded import LOCAL_REDIS, servers_or_embedded
 from tests.helpers import assert_pool_free, make_prompts
+from workers.disagg_metrics import DisaggCollector
 from workers.engine_host import EngineHost
 from workers.kv_transport import bundle_messages
 from workers.kv_zmq import ZmqTransport
+from workers.metrics import WorkerMetrics
 from workers.prefill_registry import Heartbeat, PrefillRegistry
 from workers.prefill_service import PrefillServer
 from workers.remote_prefill import RemotePrefill
@@ -93,6 +96,11 @@ def test_decode_host_prefills_remotely_and_matches(tiny_model, redis_url):
     prompts, max_tokens = make_prompts(seed=8, count=10)
     max_tokens[3] = 1  # finished by its first token: the prefill worker refuses to hand it over
     pair = Pair(path, redis_url, num_kv_blocks=60)  # pacing: not every prompt's KV fits at once
+    decode_metrics, prefill_metrics = WorkerMetrics("m"), WorkerMetrics("m")
+    decode_metrics.watch(pair.decode_host)
+    prefill_metrics.watch(pair.prefill_host)
+    decode_metrics.registry.register(DisaggCollector("m", remote=pair.remote, engine=pair.decode_host.engine))
+    prefill_metrics.registry.register(DisaggCollector("m", server=pair.server))
     try:
         assert pair.run(prompts, max_tokens) == expected_outputs(path, prompts, max_tokens)
         assert pair.remote.stats["remote"] == len(prompts) - 1 and pair.remote.stats["local_fallbacks"] == 1
@@ -103,6 +111,16 @@ def test_decode_host_prefills_remotely_and_matches(tiny_model, redis_url):
         assert len(pair.remote.transport.inbox) == 0
         assert_pool_free(engine)
         assert_pool_free(pair.prefill_host.engine)
+        decode_text = generate_latest(decode_metrics.registry).decode()
+        prefill_text = generate_latest(prefill_metrics.registry).decode()
+        kv_bytes = engine.kv.stats["bytes_in"]
+        assert f'pagedbatch_kv_transfer_bytes_total{{model="m",side="decode"}} {float(kv_bytes)}' in decode_text
+        assert f'pagedbatch_kv_transfer_bytes_total{{model="m",side="prefill"}} {float(kv_bytes)}' in prefill_text
+        assert 'pagedbatch_remote_prefills_total{model="m",side="decode"} 9.0' in decode_text
+        assert 'pagedbatch_time_to_first_token_seconds_count{model="m",side="prefill"} 9.0' in prefill_text
+        # the refused one ran here; the nine imported ones have their first token from elsewhere
+        assert 'pagedbatch_time_to_first_token_seconds_count{model="m",side="local"} 1.0' in decode_text
+        assert 'pagedbatch_time_per_output_token_seconds_count{model="m"}' in decode_text
     finally:
         pair.close()
 

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 FAST_LIVENESS = {"PAGEDBATCH_PREFILL_LIVENESS_S": "1.5"}
 
 
-def mixed_lines(prefix: str, count: int = 12) -> list[dict]:
+def mixed_lines(prefix: str, count: int = 8) -> list[dict]:
     """Greedy and seeded requests of several prompt lengths."""
     lines = []
     for i in range(count):
@@ -61,8 +61,8 @@ def test_sigkill_of_the_decode_worker_mid_job(fresh_workers):
     h = fresh_workers
     prefill = h.start_worker(role="prefill", **FAST_LIVENESS)
     decode = h.start_worker(role="decode", **FAST_LIVENESS)
-    ids = [f"d{i}" for i in range(16)]
-    job = h.submit([long_line(cid, max_tokens=200) for cid in ids])
+    ids = [f"d{i}" for i in range(8)]
+    job = h.submit([long_line(cid, max_tokens=160) for cid in ids])
     wait_for_text(prefill, "sending KV of")  # the decode worker holds KV it received
     time.sleep(0.3)
     decode.kill(signal.SIGKILL)

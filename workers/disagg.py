@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 
+from workers.disagg_metrics import DisaggCollector
 from workers.kv_zmq import ZmqTransport
 from workers.prefill_registry import Heartbeat, PrefillRegistry
 from workers.prefill_service import PrefillServer
@@ -42,21 +43,25 @@ def _registry(settings, model: str) -> PrefillRegistry:
                                     float(os.environ.get("PAGEDBATCH_PREFILL_LIVENESS_S", "3")))
 
 
-def attach_remote_prefill(settings, model: str, host) -> RemotePrefill:
+def attach_remote_prefill(settings, model: str, host, metrics=None) -> RemotePrefill:
     """Make `host` (a decode worker's EngineHost) prefill on the prefill pool."""
     transport = ZmqTransport(_bind(), advertise_host=_kv_host())
     remote = RemotePrefill(host.engine, _registry(settings, model), transport,
                            max_in_flight=int(os.environ.get("PAGEDBATCH_PREFILL_IN_FLIGHT", "8")),
                            kv_timeout_s=float(os.environ.get("PAGEDBATCH_KV_TIMEOUT_S", "30")))
     host.remote_prefill = remote
+    if metrics is not None:
+        metrics.registry.register(DisaggCollector(model, remote=remote, engine=host.engine))
     return remote
 
 
-def serve_prefill(settings, model: str, host) -> None:
+def serve_prefill(settings, model: str, host, metrics=None) -> None:
     """Serve prefills for `model` from `host` until SIGTERM or SIGINT."""
     transport = ZmqTransport(_bind(), advertise_host=_kv_host(),
                              max_send_mbps=float(os.environ.get("PAGEDBATCH_KV_MAX_SEND_MBPS", "0")))
     server = PrefillServer(host, transport, _bind(), advertise_host=_kv_host())
+    if metrics is not None:
+        metrics.registry.register(DisaggCollector(model, server=server))
     heartbeat = Heartbeat(_registry(settings, model), server.address)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 SHARD_BUCKETS = (0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200)
 
 
@@ -64,6 +65,15 @@ class WorkerMetrics:
             "pagedbatch_engine_step_seconds", "Time of one engine step", ["model"],
             buckets=STEP_BUCKETS, registry=self.registry,
         ).labels(model)  # fmt: skip
+        self.ttft_seconds = Histogram(
+            "pagedbatch_time_to_first_token_seconds", "Arrival to first token (side: local, or prefill for a "
+            "prefill worker's half of a split request)", ["model", "side"],
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.tpot_seconds = Histogram(
+            "pagedbatch_time_per_output_token_seconds", "Mean time per token after the first, per finished request",
+            ["model"], buckets=STEP_BUCKETS, registry=self.registry,
+        ).labels(model)  # fmt: skip
         self.shard_seconds = Histogram(
             "pagedbatch_shard_duration_seconds", "Time to run one shard task, by outcome", ["model", "outcome"],
             buckets=SHARD_BUCKETS, registry=self.registry,
@@ -77,6 +87,7 @@ class WorkerMetrics:
     def step_done(self, outputs, seconds: float) -> None:
         self.step_seconds.observe(seconds)
         for output in outputs:
+            self._latencies(output)
             if not getattr(output, "finished", True):
                 continue
             prompt = len(getattr(output, "prompt_token_ids", None) or ())
@@ -85,6 +96,24 @@ class WorkerMetrics:
             self.cache_queries.inc(prompt)
             self.cache_hits.inc(getattr(output, "num_cached_tokens", 0) or 0)
             self.generation_tokens.inc(sum(len(c.token_ids) for c in getattr(output, "outputs", ())))
+
+    def _latencies(self, output) -> None:
+        times = getattr(output, "metrics", None) or {}
+        arrival, first, end = times.get("arrival_time"), times.get("first_token_time"), times.get("finished_time")
+        if arrival is None or first is None:
+            return
+        if getattr(output, "kv_export", None) is not None:
+            self.ttft_seconds.labels(self.model, "prefill").observe(max(0.0, first - arrival))
+            return
+        if not getattr(output, "finished", True):
+            return
+        # A decode worker's imported request got its first token on the prefill worker, before it
+        # arrived here; its wait for that shows as pagedbatch_kv_transfer_seconds.
+        if first >= arrival:
+            self.ttft_seconds.labels(self.model, "local").observe(first - arrival)
+        tokens = max((len(c.token_ids) for c in getattr(output, "outputs", ())), default=0)
+        if end is not None and tokens > 1:
+            self.tpot_seconds.observe(max(0.0, end - first) / (tokens - 1))
 
     def step_failed(self, _exc: BaseException) -> None:
         self.engine_errors.inc()

@@ -66,21 +66,21 @@ def run_worker(
     (`role`: see workers.disagg; a prefill worker serves decode workers instead of the queue)."""
     factory = load_engine_factory(engine_factory)
     host = EngineHost(lambda: factory(model=model_path, **engine_kwargs))
-    if role == "prefill":
-        try:
-            return disagg.serve_prefill(settings, model_name, host)
-        finally:
-            host.close()
-    if role == "decode":
-        disagg.attach_remote_prefill(settings, model_name, host)
     if bookkeeping_nice:  # every thread started from here on yields to the engine's
         lower_this_thread(bookkeeping_nice)
-    watcher = CancelWatcher(settings, host)
     metrics = None
     if metrics_port is not None:
         metrics = WorkerMetrics(model_name)
         metrics.watch(host)
         metrics.serve(metrics_port)
+    if role == "prefill":
+        try:
+            return disagg.serve_prefill(settings, model_name, host, metrics)
+        finally:
+            host.close()
+    if role == "decode":
+        disagg.attach_remote_prefill(settings, model_name, host, metrics)
+    watcher = CancelWatcher(settings, host)
     tasks.configure(settings, host, watcher, metrics)
     queue = settings.queue_for(model_name)
     print(
