@@ -124,3 +124,19 @@ def test_engine_to_engine_over_tcp(tiny_model):
     finally:
         sender.close()
         receiver.close()
+
+
+def test_send_to_a_dead_endpoint_fails_fast_and_holds_nothing():
+    sender = ZmqTransport(send_timeout_s=0.3, retry_after_s=30)
+    receiver = ZmqTransport()
+    address = receiver.address
+    receiver.close()  # nobody listens there any more
+    try:
+        started = time.monotonic()
+        with pytest.raises(ConnectionError, match="timed out"):
+            sender.send(address, "r", fake_bundle("r"))
+        with pytest.raises(ConnectionError, match="skipping"):
+            sender.send(address, "r2", fake_bundle("r2"))
+        assert time.monotonic() - started < 5 and not sender._peers
+    finally:
+        sender.close()

@@ -25,7 +25,8 @@ def default_host() -> str:
 
 class ZmqTransport(KVTransport):
     def __init__(self, bind: str = "tcp://127.0.0.1:0", advertise_host: str | None = None,
-                 context: zmq.Context | None = None, send_timeout_s: float = 30.0, max_send_mbps: float = 0.0):
+                 context: zmq.Context | None = None, send_timeout_s: float = 5.0, max_send_mbps: float = 0.0,
+                 retry_after_s: float = 10.0):
         super().__init__()
         self.max_send_bytes_s = max_send_mbps * 1e6 / 8  # 0: unlimited
         self._ctx = context or zmq.Context.instance()
@@ -37,6 +38,8 @@ class ZmqTransport(KVTransport):
         self.address = f"tcp://{advertise_host or host}:{port}"
         self._send_timeout_ms = int(send_timeout_s * 1000)
         self._peers: dict[str, zmq.Socket] = {}
+        self._down: dict[str, float] = {}  # peer -> when a send to it last timed out
+        self.retry_after_s = retry_after_s
         self._send_lock = threading.Lock()  # zmq sockets are not thread-safe
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="kv-recv", daemon=True)
@@ -59,18 +62,23 @@ class ZmqTransport(KVTransport):
             sock.setsockopt(zmq.LINGER, 1000)
             sock.setsockopt(zmq.SNDTIMEO, self._send_timeout_ms)
             sock.setsockopt(zmq.SNDHWM, 64)  # messages (layers) queued per peer before send blocks
+            sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing for a peer that is not connected
             sock.connect(worker)
             self._peers[worker] = sock
         return sock
 
     def send(self, worker: str, request_id: str, bundle: KVBundle | None, reason: str = "") -> None:
         with self._send_lock:
+            if time.monotonic() - self._down.get(worker, -1e9) < self.retry_after_s:
+                raise ConnectionError(f"KV endpoint {worker} did not take the last send; skipping it for now")
             sock = self._peer(worker)
             started, sent = time.monotonic(), 0
             for msg in bundle_messages(request_id, bundle, reason):
                 try:
                     sock.send_multipart(msg, copy=False)
-                except zmq.Again:
+                except zmq.Again:  # a dead or stuck receiver: drop what is queued for it, skip it a while
+                    self._down[worker] = time.monotonic()
+                    self._peers.pop(worker).close(linger=0)
                     raise ConnectionError(f"KV send to {worker} timed out") from None
                 sent += sum(len(f) for f in msg[3:])
                 if self.max_send_bytes_s:  # pace to the cap, one layer at a time
