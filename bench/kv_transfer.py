@@ -1,7 +1,10 @@
 """KV transfer throughput: the same bytes through a plain memory copy, the in-process transport
 (wire format only) and ZeroMQ over loopback TCP, in one run.
 
-    python -m bench.kv_transfer [--tokens 512] [--layers 32] [--kv-heads 8] [--head-dim 128] [--repeat 5]
+    python -m bench.kv_transfer [--tokens 512] [--layers 32] [--kv-heads 8] [--head-dim 128] [--repeat 15]
+                                [--skip-workload]
+
+Then, unless --skip-workload, `bench.pd_workload` (long prompts, short outputs: 1P+1D vs 2x both).
 
 The default bundle is one 512-token prompt of a Llama-3-8B-shaped model in bfloat16 (128 KiB of
 K and V per token, 64 MiB in all). Each row moves the whole bundle `--repeat` times and reports
@@ -76,6 +79,7 @@ def main(argv=None) -> None:
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--skip-workload", action="store_true", help="only the transfer table")
     args = ap.parse_args(argv)
     # One thread: the transports copy on one thread, and on a loaded machine an OpenMP team
     # waiting for a descheduled member makes a parallel copy_ hundreds of times slower.
@@ -103,6 +107,11 @@ def main(argv=None) -> None:
     for name, (best, median) in rows:
         print(f"| {name} | {best:.4f} | {median:.4f} | {nbytes / best / 1e9:.2f} | {nbytes / median / 1e9:.2f} "
               f"| {base / median:.2f}x |")
+    if not args.skip_workload:
+        print()
+        from bench import pd_workload
+
+        pd_workload.main([])
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 
 import pytest
 from prometheus_client import generate_latest
@@ -159,3 +160,34 @@ def test_no_prefill_worker_runs_everything_locally(tiny_model, redis_url):
         remote.close()
         remote.transport.close()
         host.close()
+
+
+def test_abort_during_a_remote_prefill_then_run_again(tiny_model, redis_url):
+    """Aborted while their KV is on the way (or just imported): nothing of them stays in the engine;
+    started again under the same ids, they finish normally."""
+    path = tiny_model("llama")
+    prompts, max_tokens = make_prompts(seed=11, count=4)
+    prompts, max_tokens = prompts[:4], max_tokens[:4]  # prompts of up to 17 tokens: small bundles
+
+    class SlowTransport(ZmqTransport):
+        def __init__(self):
+            super().__init__(max_send_mbps=0.1)  # 4 KiB per layer: ~0.3 s a layer
+
+    pair = Pair(path, redis_url, SlowTransport)
+    try:
+        ids = [f"r{i}" for i in range(len(prompts))]
+        futures = pair.decode_host.submit_many([(rid, {"prompt_token_ids": p}, params_for(i, n))
+                                                for i, (rid, p, n) in enumerate(zip(ids, prompts, max_tokens))])
+        time.sleep(0.3)
+        assert pair.decode_host.abort(ids) == len(ids)
+        assert [f.result(timeout=5) for f in futures] == [None] * len(ids)
+        time.sleep(1.5)  # the aborted transfers end or are dropped
+        engine = pair.decode_host.engine
+        imported = engine.kv.stats["imported"]
+        assert imported < len(ids) and not engine.kv.pending  # at 0.5 Mbit/s most were still on the way
+        assert_pool_free(engine)
+        assert pair.run(prompts, max_tokens) == expected_outputs(path, prompts, max_tokens)
+        assert engine.kv.stats["imported"] > imported  # the second round's KV came over
+        assert_pool_free(engine)
+    finally:
+        pair.close()

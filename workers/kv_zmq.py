@@ -25,7 +25,7 @@ def default_host() -> str:
 
 class ZmqTransport(KVTransport):
     def __init__(self, bind: str = "tcp://127.0.0.1:0", advertise_host: str | None = None,
-                 context: zmq.Context | None = None, send_timeout_s: float = 5.0, max_send_mbps: float = 0.0,
+                 context: zmq.Context | None = None, send_timeout_s: float = 30.0, max_send_mbps: float = 0.0,
                  retry_after_s: float = 10.0):
         super().__init__()
         self.max_send_bytes_s = max_send_mbps * 1e6 / 8  # 0: unlimited

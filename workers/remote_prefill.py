@@ -12,6 +12,7 @@ here as on a `both` worker.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import threading
@@ -51,7 +52,10 @@ class RemotePrefill:
         self._sockets: dict[str, tuple[zmq.Socket, threading.Lock]] = {}
         self._waiting: deque = deque()
         self._in_flight: dict[str, int] = {}  # request id -> KV blocks it will need
-        self._cancelled: set[str] = set()
+        # request id -> the ticket of its current start; a fetch whose ticket is no longer current
+        # (the request was aborted, maybe started again) hands nothing back
+        self._tickets: dict[str, int] = {}
+        self._ticket = itertools.count()
         self._live: list[str] = []
         self._live_at = 0.0
         self._next = 0
@@ -84,16 +88,15 @@ class RemotePrefill:
         ids = list(prompt["prompt_token_ids"])
         blocks = cdiv(len(ids) + 1, self.engine.config.block_size)
         with self._lock:
-            self._cancelled.discard(request_id)
-            self._waiting.append((request_id, ids, body, blocks, done))
+            ticket = self._tickets[request_id] = next(self._ticket)
+            self._waiting.append((request_id, ids, body, blocks, done, ticket))
             self._lock.notify_all()
         return True
 
     def cancel(self, request_id: str) -> None:
         with self._lock:
             self._waiting = deque(w for w in self._waiting if w[0] != request_id)
-            if request_id in self._in_flight:
-                self._cancelled.add(request_id)
+            self._tickets.pop(request_id, None)
 
     def _room(self, blocks: int) -> bool:
         pending = len(self.engine.kv.pending)
@@ -125,34 +128,39 @@ class RemotePrefill:
         with lock:
             sock.send_multipart(frames)
 
-    def _fetch(self, request_id: str, ids: list[int], body: dict, blocks: int, done) -> None:
+    def _current(self, request_id: str, ticket: int) -> bool:
+        return self._tickets.get(request_id) == ticket
+
+    def _fetch(self, request_id: str, ids: list[int], body: dict, blocks: int, done, ticket: int) -> None:
         bundle, why, worker = None, "no live prefill worker", None
+        transfer = f"{request_id}#{ticket}"  # unique per attempt: a late message of an aborted one is dropped
         started = time.perf_counter()
         try:
             live = self.live_workers()
             if live:
                 worker = live[self._next % len(live)]
                 self._next += 1
-                self.transport.expect(request_id)
-                rid = request_id.encode()
-                self._send(worker, [b"P", rid, self.transport.address.encode(), encode_prefill_request(ids, body)])
+                self.transport.expect(transfer)
+                tid = transfer.encode()
+                self._send(worker, [b"P", tid, self.transport.address.encode(), encode_prefill_request(ids, body)])
 
                 def alive() -> bool:
-                    return request_id not in self._cancelled and worker in self.live_workers()
+                    return self._current(request_id, ticket) and worker in self.live_workers()
 
-                bundle, why = self.transport.receive(request_id, self.kv_timeout_s, alive)
-                if bundle is None and request_id in self._cancelled:
-                    self._send(worker, [b"C", rid, self.transport.address.encode()])
+                bundle, why = self.transport.receive(transfer, self.kv_timeout_s, alive)
+                if bundle is None and not self._current(request_id, ticket):
+                    self._send(worker, [b"C", tid, self.transport.address.encode()])
         except Exception as exc:  # noqa: BLE001 - any failure: prefill here instead
             bundle, why = None, f"{type(exc).__name__}: {exc}"
         finally:
-            self.transport.release(request_id)
+            self.transport.release(transfer)
             with self._lock:
                 self._in_flight.pop(request_id, None)
-                cancelled = request_id in self._cancelled
-                self._cancelled.discard(request_id)
+                current = self._current(request_id, ticket)
+                if current:
+                    del self._tickets[request_id]
                 self._lock.notify_all()
-        if cancelled:
+        if not current:
             return
         if bundle is None:
             self.stats["local_fallbacks"] += 1
