@@ -104,10 +104,10 @@ def test_engine_to_engine_over_tcp(tiny_model):
     path = str(tiny_model("qwen3"))
     prompt = {"prompt_token_ids": list(range(3, 60))}
     params = dict(temperature=0.8, seed=3, max_tokens=12)
-    single = LLMEngine(path)
+    single = LLMEngine(path, num_kv_blocks=64)
     single.add_request("a", prompt, SamplingParams(**params))
     expected = [o for _ in range(40) for o in single.step()][0].outputs[0].token_ids
-    prefill = LLMEngine(path)
+    prefill = LLMEngine(path, num_kv_blocks=64)
     prefill.add_request("a", prompt, SamplingParams(**params, extra_args={"kv_transfer_params": {
         "do_remote_decode": True}}))
     bundle = [o for _ in range(5) for o in prefill.step()][0].kv_export
@@ -117,7 +117,7 @@ def test_engine_to_engine_over_tcp(tiny_model):
         sender.send(receiver.address, "a", bundle)
         got, why = receiver.receive("a", timeout=10)
         assert why is None
-        decode = LLMEngine(path)
+        decode = LLMEngine(path, num_kv_blocks=64)
         decode.add_imported_request("a", got, SamplingParams(**params))
         out = [o for _ in range(40) for o in decode.step()][0]
         assert out.outputs[0].token_ids == expected

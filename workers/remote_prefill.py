@@ -51,7 +51,7 @@ class RemotePrefill:
         self._ctx = context or zmq.Context.instance()
         self._sockets: dict[str, tuple[zmq.Socket, threading.Lock]] = {}
         self._waiting: deque = deque()
-        self._in_flight: dict[str, int] = {}  # request id -> KV blocks it will need
+        self._in_flight: dict[tuple[str, int], int] = {}  # (request id, ticket) -> KV blocks it will need
         # request id -> the ticket of its current start; a fetch whose ticket is no longer current
         # (the request was aborted, maybe started again) hands nothing back
         self._tickets: dict[str, int] = {}
@@ -111,10 +111,14 @@ class RemotePrefill:
                     self._lock.wait(0.05)
                     continue
                 item = self._waiting.popleft()
-                self._in_flight[item[0]] = item[3]
+                self._in_flight[item[0], item[5]] = item[3]
             self._pool.submit(self._fetch, *item)
 
     def _socket(self, worker: str):
+        with self._lock:
+            return self._sockets.get(worker) or self._new_socket(worker)
+
+    def _new_socket(self, worker: str):
         if worker not in self._sockets:
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
@@ -155,7 +159,7 @@ class RemotePrefill:
         finally:
             self.transport.release(transfer)
             with self._lock:
-                self._in_flight.pop(request_id, None)
+                self._in_flight.pop((request_id, ticket), None)
                 current = self._current(request_id, ticket)
                 if current:
                     del self._tickets[request_id]
