@@ -19,6 +19,11 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def chain_hash(parent: bytes, tokens) -> bytes:
+    """A full block's identity: its parent block's hash and its own token ids."""
+    return hashlib.sha256(parent + array("q", tokens).tobytes()).digest()
+
+
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         self.num_blocks = num_blocks
@@ -39,7 +44,7 @@ class BlockManager:
             i = len(seq.block_hashes)
             parent = seq.block_hashes[i - 1] if i else b""
             tokens = seq.token_ids[i * self.block_size : (i + 1) * self.block_size]
-            seq.block_hashes.append(hashlib.sha256(parent + array("q", tokens).tobytes()).digest())
+            seq.block_hashes.append(chain_hash(parent, tokens))
         return seq.block_hashes[index]
 
     def match_prefix(self, seq: Sequence) -> list[int]:
@@ -56,6 +61,17 @@ class BlockManager:
         if hits and len(hits) * self.block_size >= len(seq):
             hits.pop()
         return hits
+
+    def num_cached_blocks(self, token_ids: list[int]) -> int:
+        """How many leading full blocks of `token_ids` the prefix cache holds now."""
+        if not self.enable_prefix_caching:
+            return 0
+        parent, bs = b"", self.block_size
+        for i in range(len(token_ids) // bs):
+            parent = chain_hash(parent, token_ids[i * bs : (i + 1) * bs])
+            if parent not in self.cached:
+                return i
+        return len(token_ids) // bs
 
     def blocks_needed(self, seq: Sequence, num_tokens: int, hits: list[int] = ()) -> int:
         """Free blocks consumed if `seq` (with prefix `hits`) must hold `num_tokens` tokens."""

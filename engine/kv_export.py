@@ -30,9 +30,12 @@ from engine.sequence import Sequence, SequenceStatus
 _SAMPLE_BYTES = 1 << 20  # of each weight file's start and end, for the fingerprint
 
 
+def _transfer_params(seq: Sequence) -> dict:
+    return (seq.params.extra_args or {}).get("kv_transfer_params") or {}
+
+
 def wants_export(seq: Sequence) -> bool:
-    extra = seq.params.extra_args
-    return bool(extra and (extra.get("kv_transfer_params") or {}).get("do_remote_decode"))
+    return bool(seq.params.extra_args and _transfer_params(seq).get("do_remote_decode"))
 
 
 def model_fingerprint(path: str | Path) -> str:
@@ -66,7 +69,8 @@ class KVMeta:
 @dataclass
 class KVBundle:
     """A prefilled prompt: its KV per layer ([num_blocks, block_size, kv_heads, head_dim] CPU
-    tensors; the last block may be partly filled) and the state to continue it."""
+    tensors of the prompt's blocks from `first_block` on; the last may be partly filled) and the
+    state to continue it. Blocks before `first_block` are left out: the receiver said it had them."""
 
     request_id: str
     meta: KVMeta
@@ -78,6 +82,7 @@ class KVBundle:
     cumulative_logprob: float = 0.0
     prompt: str | None = None
     first_token_time: float | None = None
+    first_block: int = 0
 
     @property
     def num_blocks(self) -> int:
@@ -101,8 +106,8 @@ class KVTransfer:
     engine: object
     pending: deque = field(default_factory=deque)  # llm_engine._Request with kv_import set
     _meta: KVMeta | None = None
-    stats: dict = field(default_factory=lambda: {"exported": 0, "imported": 0, "bytes_out": 0,
-                                                 "bytes_in": 0, "blocks_reused": 0})
+    stats: dict = field(default_factory=lambda: {"exported": 0, "imported": 0, "bytes_out": 0, "bytes_in": 0,
+                                                 "blocks_reused": 0, "blocks_not_sent": 0, "recomputed": 0})
 
     @property
     def meta(self) -> KVMeta:
@@ -116,7 +121,9 @@ class KVTransfer:
         """Hand back `seq`'s prompt KV and first token; its blocks return to the pool."""
         eng = self.engine
         n = seq.num_prompt_tokens
-        blocks = torch.tensor(seq.block_table[: cdiv(n, eng.config.block_size)], dtype=torch.long,
+        # at most the full blocks before the last token's: a bundle always has a block
+        skip = min(max(0, int(_transfer_params(seq).get("skip_blocks", 0))), (n - 1) // eng.config.block_size)
+        blocks = torch.tensor(seq.block_table[skip : cdiv(n, eng.config.block_size)], dtype=torch.long,
                               device=eng.device)
         layers = [(k.index_select(0, blocks).cpu(), v.index_select(0, blocks).cpu())
                   for k, v in eng.runner.kv_caches]
@@ -124,7 +131,7 @@ class KVTransfer:
         req = eng.requests.pop(seq.request_id)
         bundle = KVBundle(seq.request_id, self.meta, seq.token_ids[:n], seq.token_ids[n], layers, state,
                           seq.logprobs[0] if seq.logprobs else None, seq.cumulative_logprob, req.prompt,
-                          seq.first_token_time)
+                          seq.first_token_time, skip)
         eng.scheduler.finish(seq)
         with eng._intake_lock:
             eng._known_ids.discard(seq.request_id)
@@ -150,7 +157,9 @@ class KVTransfer:
             raise ValueError(f"KV of request {bundle.request_id!r} does not fit this engine: "
                              f"{bundle.meta} != {self.meta}")
         self.check_params(params)
-        expect = cdiv(len(bundle.prompt_token_ids), bundle.meta.block_size)
+        expect = cdiv(len(bundle.prompt_token_ids), bundle.meta.block_size) - bundle.first_block
+        if bundle.first_block < 0 or expect < 1:
+            raise ValueError(f"KV of request {bundle.request_id!r} has a bad first_block {bundle.first_block}")
         shape = (expect, bundle.meta.block_size, bundle.meta.num_kv_heads, bundle.meta.head_dim)
         if len(bundle.layers) != bundle.meta.num_layers or any(
                 tuple(t.shape) != shape or str(t.dtype) != f"torch.{bundle.meta.dtype}"
@@ -174,6 +183,13 @@ class KVTransfer:
             req = self.pending[0]
             seq, bundle = req.seqs[0], req.kv_import
             hits = self._cached_prefix(seq)
+            if len(hits) < bundle.first_block:  # blocks it counted on were evicted meanwhile
+                self.pending.popleft()
+                req.kv_import = None
+                out = self._recompute(seq, bundle)
+                if out is not None:
+                    finished.append(out)
+                continue
             need = len(seq) + 1  # the prompt and the first token
             if not bm.can_hold(seq, need, hits):
                 break
@@ -191,6 +207,13 @@ class KVTransfer:
                 finished.append(out)
         return finished
 
+    def _recompute(self, seq: Sequence, bundle: KVBundle):
+        """Continue without the KV: the sequence, first token included, is computed here like a
+        preempted one (the same tokens, the same generator state)."""
+        self.stats["recomputed"] += 1
+        self.engine.scheduler.add(seq)
+        return self._accept_first_token(seq, bundle)
+
     def _cached_prefix(self, seq: Sequence) -> list[int]:
         bm = self.engine.block_manager
         if not bm.enable_prefix_caching:
@@ -205,15 +228,16 @@ class KVTransfer:
 
     def _write(self, seq: Sequence, bundle: KVBundle, skip: int) -> None:
         eng = self.engine
-        n = bundle.num_blocks
-        if skip < n:
-            dst = torch.tensor(seq.block_table[skip:n], dtype=torch.long, device=eng.device)
+        first, end = bundle.first_block, bundle.first_block + bundle.num_blocks
+        if skip < end:  # skip >= first: the blocks before the bundle's are among the cached ones
+            dst = torch.tensor(seq.block_table[skip:end], dtype=torch.long, device=eng.device)
             for (k, v), (bk, bv) in zip(eng.runner.kv_caches, bundle.layers):
-                k.index_copy_(0, dst, bk[skip:].to(eng.device, non_blocking=True))
-                v.index_copy_(0, dst, bv[skip:].to(eng.device, non_blocking=True))
+                k.index_copy_(0, dst, bk[skip - first :].to(eng.device, non_blocking=True))
+                v.index_copy_(0, dst, bv[skip - first :].to(eng.device, non_blocking=True))
         self.stats["imported"] += 1
         self.stats["bytes_in"] += bundle.nbytes
         self.stats["blocks_reused"] += skip
+        self.stats["blocks_not_sent"] += first
         seq.num_cached_tokens = skip * eng.config.block_size
 
     def _accept_first_token(self, seq: Sequence, bundle: KVBundle):

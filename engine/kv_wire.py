@@ -24,7 +24,7 @@ def encode_header(bundle: KVBundle) -> bytes:
         "request_id": bundle.request_id, "meta": asdict(bundle.meta), "prompt_token_ids": bundle.prompt_token_ids,
         "first_token": bundle.first_token, "generator_state": state, "first_logprobs": logprobs,
         "cumulative_logprob": bundle.cumulative_logprob, "prompt": bundle.prompt,
-        "first_token_time": bundle.first_token_time,
+        "first_token_time": bundle.first_token_time, "first_block": bundle.first_block,
     }).encode()
 
 
@@ -47,7 +47,9 @@ class KVAssembler:
         self.dtype = getattr(torch, self.meta.dtype, None)
         if not isinstance(self.dtype, torch.dtype):
             raise ValueError(f"bad KV dtype {self.meta.dtype!r}")
-        blocks = cdiv(len(h["prompt_token_ids"]), self.meta.block_size)
+        blocks = cdiv(len(h["prompt_token_ids"]), self.meta.block_size) - int(h.get("first_block", 0))
+        if blocks < 1:
+            raise ValueError(f"bad KV header: first_block {h.get('first_block')} leaves no block")
         self.shape = (blocks, self.meta.block_size, self.meta.num_kv_heads, self.meta.head_dim)
         self.layer_nbytes = blocks * self.meta.block_size * self.meta.num_kv_heads * self.meta.head_dim \
             * self.dtype.itemsize
@@ -75,4 +77,5 @@ class KVAssembler:
         logprobs = None if h["first_logprobs"] is None else {
             t: Logprob(lp, rank, text) for t, lp, rank, text in h["first_logprobs"]}
         return KVBundle(h["request_id"], self.meta, h["prompt_token_ids"], h["first_token"], list(self.layers),
-                        state, logprobs, h["cumulative_logprob"], h["prompt"], h["first_token_time"])
+                        state, logprobs, h["cumulative_logprob"], h["prompt"], h["first_token_time"],
+                        int(h.get("first_block", 0)))

@@ -94,7 +94,7 @@ class Pair:
 
 def test_decode_host_prefills_remotely_and_matches(tiny_model, redis_url):
     path = tiny_model("qwen2")
-    prompts, max_tokens = make_prompts(seed=8, count=10)
+    prompts, max_tokens = make_prompts(seed=8, count=10, shared_prefixes=True)
     max_tokens[3] = 1  # finished by its first token: the prefill worker refuses to hand it over
     pair = Pair(path, redis_url, num_kv_blocks=60)  # pacing: not every prompt's KV fits at once
     decode_metrics, prefill_metrics = WorkerMetrics("m"), WorkerMetrics("m")
@@ -107,6 +107,7 @@ def test_decode_host_prefills_remotely_and_matches(tiny_model, redis_url):
         assert pair.remote.stats["remote"] == len(prompts) - 1 and pair.remote.stats["local_fallbacks"] == 1
         engine = pair.decode_host.engine
         assert engine.kv.stats["imported"] == len(prompts) - 1
+        assert engine.kv.stats["blocks_not_sent"] > 0  # shared prefixes this engine had cached were not sent
         assert pair.server.stats["exported"] == len(prompts) - 1 and pair.server.stats["refused"] == 1
         assert pair.remote.stats["kv_bytes"] == engine.kv.stats["bytes_in"] > 0
         assert len(pair.remote.transport.inbox) == 0

@@ -127,3 +127,31 @@ def test_fingerprint_tells_weights_apart(tiny_model, tmp_path):
     b = write_tiny_model(tmp_path / "b", "llama", seed=2)
     c = write_tiny_model(tmp_path / "c", "llama", seed=1)
     assert model_fingerprint(a) == model_fingerprint(c) != model_fingerprint(b)
+
+
+def test_blocks_the_decode_side_holds_are_not_sent(tiny_model):
+    """The decode engine says which prefix blocks it has cached; the bundle leaves them out. If they are
+    evicted before the import, the request is recomputed there and still matches."""
+    path = tiny_model("qwen3")
+    shared = list(range(100, 150))  # 3 full blocks + 2 tokens
+    prompt = shared + [7, 8, 9, 10, 11, 12]
+    params = dict(temperature=0.8, seed=5, max_tokens=10)
+    single = LLMEngine(str(path))
+    expected = drive(single, {"a": ({"prompt_token_ids": prompt}, SamplingParams(**params))})["a"]
+    for evict in (False, True):
+        decode = LLMEngine(str(path))
+        drive(decode, {"warm": ({"prompt_token_ids": shared}, SamplingParams(max_tokens=1))})
+        skip = decode.block_manager.num_cached_blocks(prompt)
+        assert skip == 3
+        prefill = LLMEngine(str(path))
+        transfer = {"kv_transfer_params": {"do_remote_decode": True, "skip_blocks": skip}}
+        out = drive(prefill, {"a": ({"prompt_token_ids": prompt}, SamplingParams(**params, extra_args=transfer))})
+        bundle = out["a"].kv_export
+        assert bundle.first_block == 3 and bundle.num_blocks == 1
+        if evict:
+            assert decode.block_manager.reset_prefix_cache()
+        got = drive(decode, {"a": (bundle, SamplingParams(**params))})["a"]
+        assert_same_output(got, expected)
+        assert decode.kv.stats["recomputed"] == int(evict)
+        assert decode.kv.stats["blocks_not_sent"] == (0 if evict else 3)
+        assert_pool_free(decode)

@@ -14,19 +14,19 @@ from workers.kv_transport import InProcessTransport, bundle_messages
 from workers.kv_zmq import ZmqTransport
 
 
-def fake_bundle(rid="r1", dtype=torch.bfloat16, prompt_len=37, layers=3):
+def fake_bundle(rid="r1", dtype=torch.bfloat16, prompt_len=37, layers=3, first_block=0):
     meta = KVMeta(16, str(dtype).removeprefix("torch."), layers, 2, 8, "f" * 32, "cpu")
-    shape = (3, 16, 2, 8)
+    shape = (3 - first_block, 16, 2, 8)
     kv = [(torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)) for _ in range(layers)]
     return KVBundle(rid, meta, list(range(prompt_len)), 5, kv, b"\x01\x02state", {5: Logprob(-0.5, 1, "x")},
-                    -0.5, "text", 123.0)
+                    -0.5, "text", 123.0, first_block)
 
 
 def assert_same_bundle(a: KVBundle, b: KVBundle):
     assert (a.request_id, a.meta, a.prompt_token_ids, a.first_token, a.generator_state, a.first_logprobs,
-            a.cumulative_logprob, a.prompt, a.first_token_time) == (
+            a.cumulative_logprob, a.prompt, a.first_token_time, a.first_block) == (
             b.request_id, b.meta, b.prompt_token_ids, b.first_token, b.generator_state, b.first_logprobs,
-            b.cumulative_logprob, b.prompt, b.first_token_time)
+            b.cumulative_logprob, b.prompt, b.first_token_time, b.first_block)
     assert len(a.layers) == len(b.layers)
     for (ka, va), (kb, vb) in zip(a.layers, b.layers):
         assert ka.dtype == kb.dtype and torch.equal(ka, kb) and torch.equal(va, vb)
@@ -46,8 +46,8 @@ def pair(request):
 
 def test_round_trip(pair):
     sender, receiver = pair
-    for dtype in (torch.bfloat16, torch.float32, torch.float16):
-        bundle = fake_bundle(f"r-{dtype}", dtype)
+    for dtype, first_block in ((torch.bfloat16, 0), (torch.float32, 2), (torch.float16, 1)):
+        bundle = fake_bundle(f"r-{dtype}", dtype, first_block=first_block)
         receiver.expect(bundle.request_id)
         sender.send(receiver.address, bundle.request_id, bundle)
         got, why = receiver.receive(bundle.request_id, timeout=5)

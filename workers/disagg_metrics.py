@@ -29,6 +29,8 @@ class DisaggCollector:
         if self.engine is not None and hasattr(self.engine, "kv"):
             yield self._counter("pagedbatch_kv_blocks_reused", "Imported KV blocks already in the prefix cache",
                                 "decode", self.engine.kv.stats["blocks_reused"])
+            yield self._counter("pagedbatch_kv_blocks_not_sent", "Prompt KV blocks not sent because this worker "
+                                "had them cached", "decode", self.engine.kv.stats["blocks_not_sent"])
         if self.server is not None:
             s = self.server.stats
             yield self._counter("pagedbatch_kv_transfer_bytes", "KV bytes moved between workers", "prefill",

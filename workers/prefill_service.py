@@ -27,8 +27,9 @@ log = logging.getLogger(__name__)
 REMOTE_DECODE = {"do_remote_decode": True}
 
 
-def encode_prefill_request(prompt_token_ids: list[int], params: dict) -> bytes:
-    return json.dumps({"prompt_token_ids": prompt_token_ids, "params": params}).encode()
+def encode_prefill_request(prompt_token_ids: list[int], params: dict, skip_blocks: int = 0) -> bytes:
+    """`skip_blocks`: leading full blocks the decode worker already holds (its prefix cache); not sent."""
+    return json.dumps({"prompt_token_ids": prompt_token_ids, "params": params, "skip_blocks": skip_blocks}).encode()
 
 
 class PrefillServer:
@@ -81,7 +82,8 @@ class PrefillServer:
             return
         body = json.loads(frames[3])
         params = SamplingParams(**body["params"])
-        params.extra_args = {**(params.extra_args or {}), "kv_transfer_params": REMOTE_DECODE}
+        transfer = {**REMOTE_DECODE, "skip_blocks": int(body.get("skip_blocks", 0))}
+        params.extra_args = {**(params.extra_args or {}), "kv_transfer_params": transfer}
         future = self.host.submit(key, {"prompt_token_ids": body["prompt_token_ids"]}, params)
         future.add_done_callback(lambda f: self._outbox.put((key, rid, reply_to, f, "")))
 

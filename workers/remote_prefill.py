@@ -146,7 +146,9 @@ class RemotePrefill:
                 self._next += 1
                 self.transport.expect(transfer)
                 tid = transfer.encode()
-                self._send(worker, [b"P", tid, self.transport.address.encode(), encode_prefill_request(ids, body)])
+                skip = self.engine.block_manager.num_cached_blocks(ids)  # a hint: import checks again
+                request = encode_prefill_request(ids, body, skip)
+                self._send(worker, [b"P", tid, self.transport.address.encode(), request])
 
                 def alive() -> bool:
                     return self._current(request_id, ticket) and worker in self.live_workers()
