@@ -22,6 +22,8 @@ from workers.prefill_registry import Heartbeat, PrefillRegistry
 from workers.prefill_service import PrefillServer
 from workers.remote_prefill import RemotePrefill
 
+pytestmark = pytest.mark.platform  # needs Redis (the prefill registry)
+
 
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory):

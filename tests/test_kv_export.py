@@ -3,7 +3,7 @@
 import pytest
 
 from engine import SamplingParams
-from engine.kv_export import model_fingerprint
+from engine.kv_export import KVBundle, model_fingerprint
 from engine.llm_engine import LLMEngine
 from engine.tiny import ARCHITECTURES
 from tests.helpers import assert_pool_free, make_prompts
@@ -12,8 +12,12 @@ REMOTE_DECODE = {"kv_transfer_params": {"do_remote_decode": True}}
 
 
 def drive(engine: LLMEngine, submit) -> dict:
-    for rid, args in submit.items():
-        engine.add_request(rid, *args) if not hasattr(args[0], "layers") else engine.add_imported_request(rid, *args)
+    """Add `submit`'s requests ({id: (prompt, params)} or {id: (KVBundle, params)}) and step until done."""
+    for rid, (first, params) in submit.items():
+        if isinstance(first, KVBundle):
+            engine.add_imported_request(rid, first, params)
+        else:
+            engine.add_request(rid, first, params)
     outs = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
