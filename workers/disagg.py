@@ -7,8 +7,8 @@ it prefills locally. `prefill` takes no shards: it serves prefills to decode wor
 (`workers.prefill_service`) and announces itself in Redis (`workers.prefill_registry`).
 
 Settings (environment): PAGEDBATCH_KV_HOST (the address other hosts reach this one at; default
-127.0.0.1, so one host only), PAGEDBATCH_PREFILL_IN_FLIGHT (8), PAGEDBATCH_KV_TIMEOUT_S (30: a
-transfer that makes no progress this long falls back to a local prefill),
+127.0.0.1, so one host only), PAGEDBATCH_PREFILL_IN_FLIGHT (8), PAGEDBATCH_KV_TIMEOUT_S (120: a
+prefill that makes no progress this long, queueing included, falls back to a local prefill),
 PAGEDBATCH_PREFILL_LIVENESS_S (3: a prefill worker silent this long is dead),
 PAGEDBATCH_KV_MAX_SEND_MBPS (0 = no cap: a prefill worker's KV send rate, in megabits per second).
 """
@@ -48,7 +48,7 @@ def attach_remote_prefill(settings, model: str, host, metrics=None) -> RemotePre
     transport = ZmqTransport(_bind(), advertise_host=_kv_host())
     remote = RemotePrefill(host.engine, _registry(settings, model), transport,
                            max_in_flight=int(os.environ.get("PAGEDBATCH_PREFILL_IN_FLIGHT", "8")),
-                           kv_timeout_s=float(os.environ.get("PAGEDBATCH_KV_TIMEOUT_S", "30")))
+                           kv_timeout_s=float(os.environ.get("PAGEDBATCH_KV_TIMEOUT_S", "120")))
     host.remote_prefill = remote
     if metrics is not None:
         metrics.registry.register(DisaggCollector(model, remote=remote, engine=host.engine))

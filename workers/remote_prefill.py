@@ -4,9 +4,9 @@ its KV into this worker's engine (used by `workers.engine_host.EngineHost` when 
 Pacing: a request is sent out only while what is already in flight (and waiting in the engine to be
 imported) leaves room in this engine's free KV blocks, and at most `max_in_flight` at once; so KV is
 never produced faster than this worker can hold it, and what it buffers is bounded. Recovery: a
-prefill that fails, is refused, stalls for `kv_timeout_s`, or whose worker stops heartbeating falls
-back to prefilling here; a bundle is imported only whole. With no live prefill worker, requests run
-here as on a `both` worker.
+prefill that fails, is refused, stalls for `kv_timeout_s` (queueing on the prefill worker included),
+or whose worker stops heartbeating falls back to prefilling here; a bundle is imported only whole.
+With no live prefill worker, requests run here as on a `both` worker.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def _params_json(params: SamplingParams) -> dict | None:
 
 class RemotePrefill:
     def __init__(self, engine, registry: PrefillRegistry, transport: KVTransport, max_in_flight: int = 8,
-                 kv_timeout_s: float = 30.0, context: zmq.Context | None = None):
+                 kv_timeout_s: float = 120.0, context: zmq.Context | None = None):
         self.engine, self.registry, self.transport = engine, registry, transport
         self.max_in_flight, self.kv_timeout_s = max_in_flight, kv_timeout_s
         self._ctx = context or zmq.Context.instance()
@@ -154,7 +154,7 @@ class RemotePrefill:
                     return self._current(request_id, ticket) and worker in self.live_workers()
 
                 bundle, why = self.transport.receive(transfer, self.kv_timeout_s, alive)
-                if bundle is None and not self._current(request_id, ticket):
+                if bundle is None:  # aborted or given up on: the prefill worker may drop it too
                     self._send(worker, [b"C", tid, self.transport.address.encode()])
         except Exception as exc:  # noqa: BLE001 - any failure: prefill here instead
             bundle, why = None, f"{type(exc).__name__}: {exc}"
