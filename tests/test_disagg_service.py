@@ -65,12 +65,12 @@ class DyingTransport(ZmqTransport):
 
 
 class Pair:
-    def __init__(self, path, redis_url, transport_cls=ZmqTransport, **decode_kwargs):
+    def __init__(self, path, redis_url, transport_cls=ZmqTransport, max_pending=256, **decode_kwargs):
         model = f"disagg-{secrets.token_hex(4)}"
         self.registry = PrefillRegistry.from_url(redis_url, model, liveness_s=1.0)
         self.prefill_host = EngineHost(lambda: LLMEngine(str(path)))
         self.prefill_transport = transport_cls()
-        self.server = PrefillServer(self.prefill_host, self.prefill_transport)
+        self.server = PrefillServer(self.prefill_host, self.prefill_transport, max_pending=max_pending)
         self.heartbeat = Heartbeat(self.registry, self.server.address)
         self.prefill_transport.heartbeat = self.heartbeat
         self.decode_host = EngineHost(lambda: LLMEngine(str(path), **decode_kwargs))
@@ -194,3 +194,31 @@ def test_abort_during_a_remote_prefill_then_run_again(tiny_model, redis_url):
         assert_pool_free(engine)
     finally:
         pair.close()
+
+
+def test_a_busy_prefill_worker_refuses_and_the_decode_side_prefills(tiny_model, redis_url):
+    path = tiny_model("llama")
+    prompts, max_tokens = make_prompts(seed=12, count=6)
+    pair = Pair(path, redis_url, max_pending=1)
+    try:
+        assert pair.run(prompts, max_tokens) == expected_outputs(path, prompts, max_tokens)
+        stats = pair.remote.stats
+        assert stats["remote"] + stats["local_fallbacks"] == len(prompts)
+        assert stats["local_fallbacks"] > 0 and pair.server.stats["refused"] > 0
+        assert_pool_free(pair.decode_host.engine)
+    finally:
+        pair.close()
+
+
+def test_registry_forgets_silent_workers(redis_url):
+    registry = PrefillRegistry.from_url(redis_url, f"reg-{secrets.token_hex(4)}", liveness_s=0.5)
+    registry.announce("tcp://a:1")
+    beat = Heartbeat(registry, "tcp://b:2")
+    try:
+        assert registry.live() == ["tcp://a:1", "tcp://b:2"] and registry.alive("tcp://a:1")
+        time.sleep(0.8)  # a stopped announcing; b beats every liveness/3
+        assert registry.live() == ["tcp://b:2"] and not registry.alive("tcp://a:1")
+        assert registry.client.zcard(registry.key) == 1  # the silent one was pruned
+    finally:
+        beat.stop()
+    assert registry.live() == [] and registry.client.zcard(registry.key) == 0
