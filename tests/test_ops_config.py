@@ -32,3 +32,26 @@ def test_metrics_token(platform, monkeypatch):
     assert client.get("/metrics", headers={"Authorization": f"Bearer {platform.api_key}"}).status_code == 401
     ok = client.get("/metrics", headers={"Authorization": "Bearer s3cret-scrape"})
     assert ok.status_code == 200 and "pagedbatch_http_requests_total" in ok.get_data(as_text=True)
+
+
+def test_worker_metrics_port_takes_the_token(monkeypatch):
+    import urllib.error
+    import urllib.request
+
+    from tests.helpers import free_port
+    from workers.metrics import WorkerMetrics
+
+    monkeypatch.setenv("PAGEDBATCH_METRICS_TOKEN", "scrape-me")
+    metrics = WorkerMetrics("tiny-token")
+    metrics.engine_errors.inc()
+    port = free_port()
+    metrics.serve(port, addr="127.0.0.1")
+    url = f"http://127.0.0.1:{port}/metrics"
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "scrape-me"}):
+        try:
+            urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10)
+            raise AssertionError(f"{headers} was let in")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 401 and exc.headers["WWW-Authenticate"].startswith("Bearer")
+    ok = urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": "Bearer scrape-me"}), timeout=10)
+    assert 'pagedbatch_engine_errors_total{model="tiny-token"} 1.0' in ok.read().decode()
