@@ -119,16 +119,41 @@ def test_a_large_part_goes_up_in_pieces_and_is_never_seen_half_written(s3):
     assert _uploads(s3) == [] and store.list_parts(job) == [path]
 
 
-@pytest.mark.slow
-def test_a_worker_on_another_host_writes_parts_the_api_merges(s3, platform, tmp_path):
+@pytest.fixture
+def s3_deployment(s3, platform):
+    """Settings of a second deployment on S3 with its own database and queues: workers of the session's
+    (local-disk) deployment must neither take its messages nor sweep its shards."""
+    from migrations import upgrade
+    from pagedbatch.embedded import create_database, drop_database
+    from store.db import get_engine
+    from store.keys import create_key
+
     token = secrets.token_hex(4)
+    name = f"pagedbatch_s3_{token}"
+    create_database(platform.admin_url, name)
+    base, _, query = platform.admin_url.partition("?")
     settings = dataclasses.replace(
         platform.settings,
+        database_url=base.rsplit("/", 1)[0] + "/" + name + ("?" + query if query else ""),
         storage_url=f"s3://{BUCKET}/deploy-{token}",
-        queue_prefix=f"pbs3-{token}",  # its own queue: the session's (local-disk) worker must not take these
+        queue_prefix=f"pbs3-{token}",
         broker_prefix=f"pbs3-{token}:",
-        shard_size=8,
     )
+    upgrade(settings.database_url)
+    settings.api_key, _ = create_key(settings, settings.default_tenant, name="s3")
+    settings.token = token
+    yield settings
+    get_engine(settings.database_url).dispose()
+    drop_database(platform.admin_url, name)
+
+
+@pytest.mark.slow
+def test_a_worker_on_another_host_writes_parts_the_api_merges(s3, s3_deployment, platform, tmp_path):
+    from flask.testing import FlaskClient
+
+    from api.app import create_app
+
+    settings, token = s3_deployment, s3_deployment.token
     host_b = tmp_path / "host-b"  # the worker's own temp dir and home: nothing shared with the API but S3
     host_b.mkdir()
     env = {**os.environ, **settings.to_env(), **s3.env, "PYTHONUNBUFFERED": "1",
@@ -145,9 +170,8 @@ def test_a_worker_on_another_host_writes_parts_the_api_merges(s3, platform, tmp_
             assert proc.poll() is None, log.read_text()[-4000:]
             assert time.monotonic() < deadline, log.read_text()[-4000:]
             time.sleep(0.2)
-        client = platform.app(
-            storage_url=settings.storage_url, queue_prefix=settings.queue_prefix, broker_prefix=settings.broker_prefix
-        ).test_client()
+        client = FlaskClient(create_app(settings))
+        client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {settings.api_key}"
         lines = [chat_line(f"s3-{i}", f"question {i}", max_tokens=3) for i in range(20)] + ["{broken"]
         job = client.post(f"/v1/jobs?model={MODEL}", data=jsonl(lines), content_type="application/x-ndjson")
         assert job.status_code == 201, job.get_json()
