@@ -140,9 +140,8 @@ def s3_deployment(s3, platform):
         broker_prefix=f"pbs3-{token}:",
     )
     upgrade(settings.database_url)
-    settings.api_key, _ = create_key(settings, settings.default_tenant, name="s3")
-    settings.token = token
-    yield settings
+    api_key, _ = create_key(settings, settings.default_tenant, name="s3")
+    yield settings, api_key
     get_engine(settings.database_url).dispose()
     drop_database(platform.admin_url, name)
 
@@ -153,7 +152,7 @@ def test_a_worker_on_another_host_writes_parts_the_api_merges(s3, s3_deployment,
 
     from api.app import create_app
 
-    settings, token = s3_deployment, s3_deployment.token
+    settings, api_key = s3_deployment
     host_b = tmp_path / "host-b"  # the worker's own temp dir and home: nothing shared with the API but S3
     host_b.mkdir()
     env = {**os.environ, **settings.to_env(), **s3.env, "PYTHONUNBUFFERED": "1",
@@ -171,7 +170,7 @@ def test_a_worker_on_another_host_writes_parts_the_api_merges(s3, s3_deployment,
             assert time.monotonic() < deadline, log.read_text()[-4000:]
             time.sleep(0.2)
         client = FlaskClient(create_app(settings))
-        client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {settings.api_key}"
+        client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {api_key}"
         lines = [chat_line(f"s3-{i}", f"question {i}", max_tokens=3) for i in range(20)] + ["{broken"]
         job = client.post(f"/v1/jobs?model={MODEL}", data=jsonl(lines), content_type="application/x-ndjson")
         assert job.status_code == 201, job.get_json()
@@ -183,7 +182,7 @@ def test_a_worker_on_another_host_writes_parts_the_api_merges(s3, s3_deployment,
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    prefix = f"deploy-{token}/"
+    prefix = settings.storage_url.split("/", 3)[3] + "/"  # "deploy-<token>/"
     keys = {o["Key"][len(prefix):] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"]}
     parts = sorted(k for k in keys if k.startswith(f"results/{job_id}/parts/"))
     assert len(parts) == 4  # three shards from the worker, one of the invalid line from the API

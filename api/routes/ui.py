@@ -9,7 +9,7 @@ from flask import Blueprint, abort, flash, g, jsonify, redirect, render_template
 from api.platform import settings
 from api.serializers import job_object
 from api.ui import TEMPLATES
-from api.ui.session import csrf_token, load_user, sign_in, sign_out
+from api.ui.session import check_csrf, csrf_token, load_user, sign_in, sign_out
 from broker.queue import queue_size
 from store import jobs, models_registry, stats, throughput
 from store.progress import job_progress
@@ -59,8 +59,6 @@ def login_form():
 
 @bp.post("/login")
 def login():
-    from api.ui.session import check_csrf
-
     check_csrf()
     if sign_in(request.form.get("api_key", "")) is None:
         flash("That API key is not valid (unknown or revoked).", "error")
@@ -70,8 +68,6 @@ def login():
 
 @bp.post("/logout")
 def logout():
-    from api.ui.session import check_csrf
-
     check_csrf()
     sign_out()
     return redirect(url_for("ui.login_form"))
