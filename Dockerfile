@@ -16,7 +16,7 @@ COPY engine engine
 COPY kernels kernels
 COPY migrations migrations
 COPY pagedbatch pagedbatch
-RUN pip install ".[triton]" || pip install .
+RUN pip install ".[triton,s3]" || pip install ".[s3]"
 
 EXPOSE 8000
 CMD ["pagedbatch", "api", "--port", "8000"]

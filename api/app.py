@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Flask
 
-from api import log_context, metrics, platform
+from api import dashboard, log_context, metrics, platform
 from api.auth import authenticate
 from api.errors import register_error_handlers
 from api.routes import jobs, meta, openai_batch
@@ -33,4 +33,5 @@ def create_app(settings: Settings | None = None, *, warm: bool = True) -> Flask:
     app.register_blueprint(meta.bp)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(openai_batch.bp)
+    dashboard.install(app)  # /ui: the dashboard (session cookie, not the API key header)
     return app

@@ -13,6 +13,7 @@ from api.platform import settings
 from store import keys
 
 PUBLIC_ENDPOINTS = frozenset({"meta.healthz", "meta.openapi", "metrics.metrics"})
+UI_BLUEPRINTS = frozenset({"ui", "ui_actions"})  # the dashboard signs in with a session cookie (api.ui.session)
 
 
 class Unauthorized(ApiError):
@@ -29,7 +30,7 @@ def bearer_key() -> str | None:
 
 def authenticate() -> None:
     """Set `g.tenant` from the request's API key, or answer 401 (unknown routes included)."""
-    if request.endpoint in PUBLIC_ENDPOINTS:
+    if request.endpoint in PUBLIC_ENDPOINTS or request.blueprint in UI_BLUEPRINTS:
         return
     key = bearer_key()
     if key is None:

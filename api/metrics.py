@@ -9,6 +9,7 @@ read from PostgreSQL and Redis when scraped, so they are the same whichever work
 
 from __future__ import annotations
 
+import hmac
 import os
 import time
 
@@ -19,6 +20,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from api.platform import settings
 from broker.queue import queue_size
+from store import models_registry
 from store.settings import Settings
 from store.stats import jobs_by_status
 
@@ -38,7 +40,7 @@ bp = Blueprint("metrics", __name__)
 
 
 class PlatformCollector:
-    """Jobs by status and queue depth per configured model, read when scraped."""
+    """Jobs by status and queue depth per model (running or configured), read when scraped."""
 
     def __init__(self, platform_settings: Settings):
         self.settings = platform_settings
@@ -49,7 +51,7 @@ class PlatformCollector:
             jobs.add_metric([status], count)
         yield jobs
         depth = GaugeMetricFamily("pagedbatch_queue_depth", "Shard messages waiting per model queue", labels=["model"])
-        for model in self.settings.models:
+        for model in models_registry.model_paths(self.settings):  # running models and PAGEDBATCH_MODELS
             depth.add_metric([model], queue_size(self.settings, model))
         yield depth
 
@@ -77,8 +79,25 @@ def process_registry():
     return registry
 
 
+def _check_token() -> Response | None:
+    """With PAGEDBATCH_METRICS_TOKEN set, a scrape must send it as `Authorization: Bearer <token>`."""
+    token = os.environ.get("PAGEDBATCH_METRICS_TOKEN")
+    if not token:
+        return None
+    scheme, _, sent = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and hmac.compare_digest(sent.strip().encode(), token.encode()):
+        return None
+    return Response(
+        "metrics need the bearer token (PAGEDBATCH_METRICS_TOKEN)\n", 401,
+        {"WWW-Authenticate": 'Bearer realm="pagedbatch-metrics"'}, content_type="text/plain",
+    )  # fmt: skip
+
+
 @bp.get("/metrics")
 def metrics():
+    refused = _check_token()
+    if refused is not None:
+        return refused
     platform_registry = CollectorRegistry()
     platform_registry.register(PlatformCollector(settings()))
     body = generate_latest(process_registry()) + generate_latest(platform_registry)

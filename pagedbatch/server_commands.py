@@ -92,6 +92,10 @@ def add_commands(commands) -> None:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--data-dir", default=None, help="default: $PAGEDBATCH_HOME or ~/.pagedbatch")
     serve.add_argument("--concurrency", type=int, default=4, help="shard tasks in flight per worker")
+    serve.add_argument(
+        "--metrics-port", type=int, default=None, metavar="PORT",
+        help="the workers' Prometheus ports: PORT for the first model's worker, PORT+1 for the next, ...",
+    )  # fmt: skip
     add_engine_options(serve)
     serve.set_defaults(func=_serve)
 

@@ -25,15 +25,22 @@ from store.keys import ensure_local_key, local_key_path
 from store.settings import Settings, home_dir
 
 
-def worker_command(name: str, path: str, args) -> list[str]:
+def worker_command(name: str, path: str, args, metrics_port: int | None = None) -> list[str]:
     """The command line of the worker that `serve` starts for one model."""
     return [
         sys.executable, "-m", "pagedbatch", "worker",
         "--model", f"{name}={path}",
         f"--concurrency={args.concurrency}",
         *engine_argv(args),
+        *([f"--metrics-port={metrics_port}"] if metrics_port is not None else []),
         "--loglevel=warning",
     ]  # fmt: skip
+
+
+def worker_metrics_ports(args, count: int) -> list[int | None]:
+    """`serve --metrics-port PORT`: the workers' Prometheus ports, PORT, PORT+1, ... in model order."""
+    base = getattr(args, "metrics_port", None)
+    return [None if base is None else base + i for i in range(count)]
 
 
 def start_embedded(settings: Settings, home: Path) -> list:
@@ -84,8 +91,9 @@ def serve(args, settings: Settings) -> int:
         upgrade(settings.database_url)
         announce_local_key(settings, home)
         env = {**os.environ, **settings.to_env()}
-        for name, path in settings.models.items():
-            command = worker_command(name, path, args)
+        ports = worker_metrics_ports(args, len(settings.models))
+        for (name, path), port in zip(settings.models.items(), ports):
+            command = worker_command(name, path, args, port)
             workers.add(f"worker for model {name!r}", lambda command=command: subprocess.Popen(command, env=env))
         server = make_json_error_server(args.host, args.port, create_app(settings))
         signal.signal(signal.SIGTERM, _exit_on_signal)

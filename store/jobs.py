@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from batchfile.model_limits import ModelLimits, UnknownModel, limits_by_name, limits_of
-from store import ids
+from store import ids, models_registry
 from store.db import session_scope
 from store.errors import NotFound, StoreError
 from store.finalize import finalize_failed, maybe_finalize
@@ -96,12 +96,19 @@ def create_job(
 
 def _model_limits(settings: Settings, model: str | None) -> ModelLimits | dict[str, ModelLimits]:
     """The job's model, or every configured model when each line names its own."""
+    paths = models_registry.model_paths(settings)  # running workers' models, PAGEDBATCH_MODELS overriding
     if model is None:
-        return limits_by_name(settings.models, settings.special_tokens_in_content)
+        return limits_by_name(paths, settings.special_tokens_in_content)
     try:
-        return limits_of(settings.models, model, settings.special_tokens_in_content)
+        return limits_of(paths, model, settings.special_tokens_in_content)
     except UnknownModel as exc:
         raise StoreError(str(exc), param="model") from None
+    except (OSError, ValueError) as exc:  # a registered path this host cannot read
+        raise StoreError(
+            f"model {model!r} is served from {paths[model]!r}, which the API cannot read ({exc}); "
+            "mount the model at the same path on the API host or set PAGEDBATCH_MODELS",
+            param="model",
+        ) from None
 
 
 def _insert_job(settings: Settings, input_file: File, *, tenant: str, completion_window: str, **fields) -> Job:

@@ -156,3 +156,21 @@ class ApiKey(Base):
     name: Mapped[str | None] = mapped_column(String(256), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class WorkerModel(Base):
+    """A running worker and the model it serves, registered at start and kept fresh by its heartbeats
+    (`store.models_registry`): the API lists and validates against the models whose heartbeat is recent."""
+
+    __tablename__ = "worker_models"
+
+    worker: Mapped[str] = mapped_column(String(256), primary_key=True)  # "<model>-<pid>@<host>"
+    model: Mapped[str] = mapped_column(String(256), index=True)
+    path: Mapped[str] = mapped_column(String(1024))  # the model directory, as the worker sees it
+    endpoints: Mapped[list] = mapped_column(JSONType)
+    max_model_len: Mapped[int] = mapped_column(Integer)
+    hostname: Mapped[str] = mapped_column(String(256))
+    pid: Mapped[int] = mapped_column(Integer)
+    metrics_port: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

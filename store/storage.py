@@ -9,23 +9,57 @@ Parquet results use the same writer through `store.results`.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import uuid
 from collections.abc import Iterator
 from typing import IO
 
 import fsspec
+from fsspec.spec import AbstractBufferedFile
+
+OBJECT_STORES = ("s3", "s3a")  # a file written there appears whole on close (a PUT or a completed multipart upload)
 
 
 def url_to_fs(url: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
-    """The file system of a path or fsspec URL, and the path within it (no trailing slash)."""
-    fs, path = fsspec.core.url_to_fs(str(url), **(storage_options or {}))
+    """The file system of a path or fsspec URL, and the path within it (no trailing slash).
+
+    S3 (`s3://bucket/prefix`, s3fs): credentials and endpoint come from the usual AWS settings
+    (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL for MinIO/Ceph/moto, ...). Listings are
+    not cached: parts and results are written by other processes and hosts.
+    """
+    options = dict(storage_options or {})
+    if str(url).split("://", 1)[0] in OBJECT_STORES:
+        options.setdefault("use_listings_cache", False)
+    fs, path = fsspec.core.url_to_fs(str(url), **options)
     return fs, path.rstrip("/") or "/"
 
 
+def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    return fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+
+
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
-    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    return "file" in protocols or "local" in protocols
+    return "file" in _protocols(fs) or "local" in _protocols(fs)
+
+
+def is_object_store(fs: fsspec.AbstractFileSystem) -> bool:
+    return any(p in OBJECT_STORES for p in _protocols(fs))
+
+
+@contextlib.contextmanager
+def _object_write(fs: fsspec.AbstractFileSystem, path: str) -> Iterator[IO[bytes]]:
+    """Written straight to `path`: the object exists only once `close` completes the upload (one PUT, or
+    the multipart upload of a large file); on an error the upload is aborted and nothing appears."""
+    f = fs.open(path, "wb")
+    try:
+        yield f
+    except BaseException:
+        with contextlib.suppress(Exception):
+            f.discard()  # aborts the multipart upload (its uploaded parts are dropped)
+        f.closed = True  # close() would complete the upload
+        raise
+    f.close()
 
 
 @contextlib.contextmanager
@@ -33,10 +67,14 @@ def atomic_write(fs: fsspec.AbstractFileSystem, path: str) -> Iterator[IO[bytes]
     """A binary file that appears at `path` only when the block finishes without an error.
 
     It is written under a hidden temporary name next to `path` (``.<name>.<random>.tmp``). Local:
-    fsynced, then renamed over `path` (atomic) and the rename made durable. Other fsspec stores:
-    moved into place (a single PUT is atomic on object stores, so no partial object is ever visible
-    under the final name).
+    fsynced, then renamed over `path` (atomic) and the rename made durable. S3: written to `path`
+    itself, which appears only when the upload completes (`_object_write`). Other fsspec stores:
+    moved into place.
     """
+    if is_object_store(fs):
+        with _object_write(fs, path) as f:
+            yield f
+        return
     parent, name = path.rsplit("/", 1) if "/" in path else (".", path)
     tmp = f"{parent}/.{name}.{uuid.uuid4().hex}.tmp"
     local = is_local(fs)
@@ -106,7 +144,9 @@ class Storage:
         return atomic_write(self.fs, self.path(key))
 
     def open_read(self, key: str) -> IO[bytes]:
-        return self.fs.open(self.path(key), "rb")
+        """A standard binary reader (fsspec's remote files take no size in `readline`; line reading needs it)."""
+        f = self.fs.open(self.path(key), "rb")
+        return io.BufferedReader(f) if isinstance(f, AbstractBufferedFile) else f
 
     def size(self, key: str) -> int:
         return int(self.fs.size(self.path(key)))

@@ -156,6 +156,16 @@ def test_every_route_but_health_needs_a_valid_key(platform):
         if path in PUBLIC:
             assert bare.open(path, method=method).status_code == 200, path
             continue
+        if path.startswith("/ui/"):  # the dashboard signs in with a session cookie, never the key header
+            for headers in ({}, platform.auth()):
+                r = bare.open(path, method=method, headers=headers)
+                if (method, path) == ("GET", "/ui/login"):
+                    assert r.status_code == 200
+                elif r.status_code == 302:
+                    assert r.headers["Location"].endswith("/ui/login"), (method, path)
+                else:  # JSON and actions: 401; sign-in and sign-out without the form's CSRF token: 400
+                    assert r.status_code in (400, 401), (method, path, r.status_code)
+            continue
         for headers in (
             {},
             {"Authorization": f"Bearer {revoked_key}"},

@@ -7,8 +7,12 @@ sequences, KV blocks used and free, preemptions. Every series carries the worker
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from workers.metrics_http import serve_with_token
 
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -122,4 +126,8 @@ class WorkerMetrics:
         self.shard_seconds.labels(self.model, outcome).observe(seconds)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        start_http_server(port, addr=addr, registry=self.registry)
+        token = os.environ.get("PAGEDBATCH_METRICS_TOKEN")
+        if token:  # the API's /metrics token protects the worker's port too
+            serve_with_token(self.registry, port, token, addr)
+        else:
+            start_http_server(port, addr=addr, registry=self.registry)

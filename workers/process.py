@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
 import sys
 from collections.abc import Callable
 
@@ -16,6 +15,7 @@ from workers.celery_app import make_celery
 from workers.engine_host import EngineHost
 from workers.metrics import WorkerMetrics
 from workers.priority import BOOKKEEPING_NICE, lower_this_thread
+from workers.registration import Heartbeat, registration_for
 
 
 def load_engine_factory(spec: str | None) -> Callable[..., object]:
@@ -82,6 +82,10 @@ def run_worker(
         disagg.attach_remote_prefill(settings, model_name, host, metrics)
     watcher = CancelWatcher(settings, host)
     tasks.configure(settings, host, watcher, metrics)
+    registration = registration_for(
+        model_name, model_path, max_model_len=engine_kwargs.get("max_model_len"), metrics_port=metrics_port
+    )
+    heartbeat = Heartbeat(settings, registration)  # /v1/models lists this model while it beats
     queue = settings.queue_for(model_name)
     print(
         f"pagedbatch worker: model {model_name} from {model_path}, queue {queue}, role {role}, "
@@ -91,8 +95,9 @@ def run_worker(
     )
     try:
         make_celery(settings).worker_main(
-            celery_argv(queue, f"{model_name}-{os.getpid()}@%h", concurrency=concurrency, loglevel=loglevel)
+            celery_argv(queue, registration.worker, concurrency=concurrency, loglevel=loglevel)
         )
     finally:
+        heartbeat.close()
         watcher.close()
         host.close()

@@ -9,6 +9,8 @@ from api.objects import Model, ModelList
 from api.openapi import openapi_document
 from api.platform import settings
 from api.routes.responses import send_object
+from api.serializers import ts
+from store import models_registry
 from store.db import get_engine
 
 bp = Blueprint("meta", __name__)
@@ -28,4 +30,6 @@ def healthz():
 
 @bp.get("/v1/models")
 def models():
-    return send_object(ModelList(data=[Model(id=name) for name in settings().models]))
+    """The models running workers serve now (fresh heartbeats in the registry)."""
+    running = models_registry.running_models(settings())
+    return send_object(ModelList(data=[Model(id=name, created=ts(w.started_at)) for name, w in running.items()]))

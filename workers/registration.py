@@ -1,0 +1,68 @@
+"""A worker's entry in the models registry (`store.models_registry`): registered when the engine is loaded,
+renewed by a heartbeat thread, removed at shutdown. A worker that dies stops beating and drops out of
+`/v1/models` within three heartbeat intervals."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+
+from engine.model_info import context_length, read_config
+from store import models_registry
+from store.models_registry import Registration
+from store.settings import Settings
+
+log = logging.getLogger(__name__)
+
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+
+
+def registration_for(
+    model_name: str, model_path: str, *, max_model_len: int | None, metrics_port: int | None
+) -> Registration:
+    """This process's registration: its Celery-style name, the model's path and context length."""
+    hostname = socket.gethostname()
+    return Registration(
+        worker=f"{model_name}-{os.getpid()}@{hostname}",
+        model=model_name,
+        path=os.path.abspath(model_path),
+        endpoints=ENDPOINTS,
+        max_model_len=context_length(read_config(model_path), max_model_len),
+        hostname=hostname,
+        pid=os.getpid(),
+        metrics_port=metrics_port,
+    )
+
+
+class Heartbeat:
+    """Registers `registration` now and renews it every `interval_s` until `close`."""
+
+    def __init__(self, settings: Settings, registration: Registration, interval_s: float | None = None):
+        self.settings = settings
+        self.registration = registration
+        self.interval_s = interval_s or models_registry.heartbeat_s()
+        self._stop = threading.Event()
+        try:
+            models_registry.register(settings, registration)
+        except Exception:  # noqa: BLE001 - the heartbeat thread registers it once the database answers
+            log.warning("could not register %s; will retry", registration.worker, exc_info=True)
+        self._thread = threading.Thread(target=self._run, name="registry-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                if not models_registry.heartbeat(self.settings, self.registration.worker):
+                    models_registry.register(self.settings, self.registration)  # someone removed our row
+            except Exception:  # noqa: BLE001 - the database may be down for a while; keep beating
+                log.warning("registry heartbeat failed; retrying in %.0fs", self.interval_s, exc_info=True)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        try:
+            models_registry.unregister(self.settings, self.registration.worker)
+        except Exception:  # noqa: BLE001 - its heartbeat goes stale instead
+            log.warning("could not unregister %s", self.registration.worker, exc_info=True)
