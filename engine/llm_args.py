@@ -34,11 +34,10 @@ _ONLY = {
     "skip_tokenizer_init": (False, "the engine needs the tokenizer (stop strings, chat templates)"),
     "load_format": ("auto", "weights load from safetensors only"),
     "scheduling_policy": ("fcfs", "the scheduler is first-come first-served; priority scheduling is not supported"),
-    "runner": ("auto", "only text generation is supported"),
     "task": ("auto", "only text generation is supported"),
     "speculative_config": (None, "speculative decoding is not supported"),
 }
-_EQUIVALENT = {"runner": {"generate"}, "task": {"generate"}, "load_format": {"safetensors"}}
+_EQUIVALENT = {"task": {"generate"}, "load_format": {"safetensors"}}
 
 ENGINE_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig)) - {"model"}
 

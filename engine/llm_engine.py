@@ -16,6 +16,8 @@ from engine.config import EngineConfig, ModelConfig, resolve_device, resolve_dty
 from engine.generation_config import default_sampling_values, eos_ids, read_generation_config
 from engine.model_runner import ModelRunner
 from engine.outputs import CompletionOutput, Logprob, RequestOutput
+from engine.pooling import forward_with_pooling, has_pooling, pooled_sequences, pooling_output
+from engine.pooling_runner import resolve_runner
 from engine.prompt_logprobs import plan as plan_prompt_logprobs
 from engine.prompt_logprobs import record as record_prompt_logprobs
 from engine.request_checks import check_against_model
@@ -58,6 +60,7 @@ class LLMEngine:
         )
         self.eos_token_id, self.extra_eos_ids = self._eos_ids()
         self.eos_token_ids = sorted({self.eos_token_id, *self.extra_eos_ids} - {None})
+        self.pooler_config = resolve_runner(self.config, self.model_config)  # None: a generative runner
         self.runner = ModelRunner(self.config, self.model_config, self.device, self.dtype)
         self.block_manager = BlockManager(
             self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
@@ -119,6 +122,8 @@ class LLMEngine:
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise ValueError if the request can never be served."""
+        if not self.runner.has_lm_head:
+            raise ValueError("this model has no language-model head (a pooling model): it can only embed")
         check_against_model(params, self.model_config.vocab_size, self.config.max_logprobs)
         n = len(prompt_token_ids)
         if n == 0:
@@ -148,11 +153,25 @@ class LLMEngine:
                 for i in range(params.n)]
         for seq in seqs:
             seq.bad_words_token_ids = bad_words
+        self._enqueue(_Request(request_id, text, ids, params, seqs))
+
+    def add_pooling_request(self, request_id: str, prompt: Prompt, params=None,
+                            arrival_time: float | None = None) -> None:
+        """Queue an embedding request (engine.pooling; `params`: a PoolingParams); any thread."""
+        from engine.pooling import pooling_sequence, prepare_pooling
+        from engine.pooling_params import PoolingParams
+
+        params = params or PoolingParams()
+        text, ids = prepare_pooling(self, prompt, params)
+        seq = pooling_sequence(self, next(self._seq_ids), request_id, ids, params, arrival_time)
+        self._enqueue(_Request(request_id, text, ids, seq.params, [seq]))
+
+    def _enqueue(self, req: _Request) -> None:
         with self._intake_lock:
-            if request_id in self._known_ids:
-                raise ValueError(f"request id {request_id!r} is already in use")
-            self._known_ids.add(request_id)
-            self._incoming.append(_Request(request_id, text, ids, params, seqs))
+            if req.request_id in self._known_ids:
+                raise ValueError(f"request id {req.request_id!r} is already in use")
+            self._known_ids.add(req.request_id)
+            self._incoming.append(req)
 
     def abort_request(self, request_id: str) -> bool:
         """Drop a request now; its blocks return to the pool at once. False if unknown."""
@@ -195,16 +214,25 @@ class LLMEngine:
             if not batch:
                 return []
             spans, rows = plan_prompt_logprobs(batch)
-            logits, hidden = self.runner.execute(batch, rows) if rows else (self.runner.execute(batch), None)
+            if has_pooling(batch):
+                logits, hidden = forward_with_pooling(self.runner, batch, rows)
+            else:
+                logits, hidden = self.runner.execute(batch, rows) if rows else (self.runner.execute(batch), None)
             if spans:
                 record_prompt_logprobs(spans, hidden, self.runner.model.compute_logits,
                                        self.model_config.vocab_size, self._logprob_entry)
-            samplers = [s for s, n in zip(batch.seqs, batch.num_new_tokens) if s.num_computed_tokens + n == len(s)]
+            samplers = [s for s, n in zip(batch.seqs, batch.num_new_tokens)
+                        if s.num_computed_tokens + n == len(s) and s.pooling is None]
             tokens, logprobs = self.sampler(logits, samplers, self.eos_token_ids) if samplers else ([], None)
             for seq, n in zip(batch.seqs, batch.num_new_tokens):
                 seq.num_computed_tokens += n
                 self.block_manager.register_full_blocks(seq)
             finished: list[RequestOutput] = []
+            for seq in pooled_sequences(batch):  # pooled: done, blocks back to the pool now
+                self._finish(seq, "stop", None)
+                output = self._request_done(seq)
+                if output is not None:
+                    finished.append(output)
             for i, seq in enumerate(samplers):
                 seq.append_token(tokens[i])
                 if logprobs is not None and seq.logprobs is not None:
@@ -290,6 +318,8 @@ class LLMEngine:
             reasons[s.finish_reason] = reasons.get(s.finish_reason, 0) + 1
         with self._intake_lock:
             self._known_ids.discard(seq.request_id)
+        if seq.pooling is not None:
+            return pooling_output(req.request_id, req.prompt, req.prompt_token_ids, seq)
         return self._make_output(req)
 
     @staticmethod
