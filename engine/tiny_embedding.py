@@ -17,11 +17,12 @@ POOLING_MODES = {"last": "pooling_mode_lasttoken", "mean": "pooling_mode_mean_to
 
 def write_tiny_embedding_model(path, arch: str = "qwen3", pooling: str = "last", normalize: bool = True,
                                seed: int = 0, matryoshka_dimensions: list[int] | None = None,
-                               default_prompt: str | None = None, **overrides) -> Path:
+                               default_prompt: str | None = None, with_lm_head: bool = False, **overrides) -> Path:
     """Create `path` as a sentence-transformers directory; returns the path. `pooling`: last,
     mean or cls. `matryoshka_dimensions` declares Matryoshka support in config.json (as vLLM reads
-    it); `default_prompt` becomes the default prompt that sentence-transformers puts before inputs."""
-    from transformers import AutoModel
+    it); `default_prompt` becomes the default prompt that sentence-transformers puts before inputs;
+    `with_lm_head` saves the causal LM (head included), which can then generate too."""
+    from transformers import AutoModel, AutoModelForCausalLM
 
     if pooling not in POOLING_MODES:
         raise ValueError(f"unknown pooling {pooling!r}; choose from {sorted(POOLING_MODES)}")
@@ -32,7 +33,7 @@ def write_tiny_embedding_model(path, arch: str = "qwen3", pooling: str = "last",
         config.matryoshka_dimensions = sorted(matryoshka_dimensions)
         config.is_matryoshka = True
     torch.manual_seed(seed)
-    model = AutoModel.from_config(config, dtype=torch.float32)
+    model = (AutoModelForCausalLM if with_lm_head else AutoModel).from_config(config, dtype=torch.float32)
     model.save_pretrained(path)
     build_tokenizer(config.vocab_size).save_pretrained(path)
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
