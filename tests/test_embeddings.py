@@ -244,3 +244,17 @@ def test_unsupported_model_directories_are_refused(tmp_path, edit, message):
 
 def _merge(file, values: dict) -> None:
     file.write_text(json.dumps({**json.loads(file.read_text()), **values}))
+
+
+def test_cli_tiny_model_embedding(tmp_path, capsys):
+    from pagedbatch.cli import main
+
+    path = tmp_path / "emb"
+    assert main(["tiny-model", str(path), "--embedding", "--arch", "llama", "--pooling", "cls",
+                 "--matryoshka", "16,32"]) == 0
+    assert capsys.readouterr().out.strip() == str(path)
+    llm = LLM(str(path), num_kv_blocks=16)
+    config = llm.llm_engine.pooler_config
+    assert (config.method, config.normalize, config.matryoshka_dimensions) == ("CLS", True, [16, 32])
+    inputs = texts(seed=8, count=4)
+    assert_close(embed(llm, inputs), st_encode(path, inputs))
