@@ -29,13 +29,15 @@ class PoolingMixin:
             raise ValueError("this LLM runs a generative model; embed with LLM(model, runner='pooling')")
         from engine.pooling import prepare_pooling
 
+        prepared = []  # tokenized once, all checked before any is queued
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             try:
-                prepare_pooling(engine, prompt, p)
+                text, token_ids = prepare_pooling(engine, prompt, p)
             except ValueError as exc:
                 raise ValueError(f"prompt {i}: {exc}") from exc
+            prepared.append({"prompt": text, "prompt_token_ids": token_ids})
         ids = []
-        for prompt, p in zip(prompts, params):
+        for prompt, p in zip(prepared, params):
             ids.append(str(self._next_id))
             self._next_id += 1
             engine.add_pooling_request(ids[-1], prompt, p)
