@@ -258,3 +258,23 @@ def test_cli_tiny_model_embedding(tmp_path, capsys):
     assert (config.method, config.normalize, config.matryoshka_dimensions) == ("CLS", True, [16, 32])
     inputs = texts(seed=8, count=4)
     assert_close(embed(llm, inputs), st_encode(path, inputs))
+
+
+def test_abort_frees_a_pooling_request_mid_prefill(embedding_model):
+    path = embedding_model("qwen3", "mean")
+    llm = LLM(str(path), max_num_batched_tokens=16, num_kv_blocks=32)
+    engine = llm.llm_engine
+    engine.add_pooling_request("long", {"prompt_token_ids": list(range(1, 200))})
+    engine.add_pooling_request("short", "hello world")
+    assert engine.step() == []  # 16 of the long input's 199 tokens
+    assert engine.num_free_blocks() < engine.block_manager.num_blocks
+    assert engine.abort_request("long")
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += engine.step()
+    assert [o.request_id for o in outs] == ["short"]
+    assert_close([outs[0].outputs.data.numpy()], st_encode(path, ["hello world"]))
+    assert_pool_free(engine)
+    with pytest.raises(ValueError, match="already in use"):
+        engine.add_pooling_request("short", "x")
+        engine.add_pooling_request("short", "x")
