@@ -16,7 +16,14 @@ from engine.config import EngineConfig, ModelConfig, resolve_device, resolve_dty
 from engine.generation_config import default_sampling_values, eos_ids, read_generation_config
 from engine.model_runner import ModelRunner
 from engine.outputs import CompletionOutput, Logprob, RequestOutput
-from engine.pooling import forward_with_pooling, has_pooling, pooled_sequences, pooling_output
+from engine.pooling import (
+    forward_with_pooling,
+    has_pooling,
+    num_prompt_tokens,
+    pooled_sequences,
+    pooling_output,
+    pooling_request,
+)
 from engine.pooling_runner import resolve_runner
 from engine.prompt_logprobs import plan as plan_prompt_logprobs
 from engine.prompt_logprobs import record as record_prompt_logprobs
@@ -155,16 +162,12 @@ class LLMEngine:
             seq.bad_words_token_ids = bad_words
         self._enqueue(_Request(request_id, text, ids, params, seqs))
 
-    def add_pooling_request(self, request_id: str, prompt: Prompt, params=None,
+    def add_pooling_request(self, request_id: str, prompt: Prompt | list[Prompt], params=None,
                             arrival_time: float | None = None) -> None:
-        """Queue an embedding request (engine.pooling; `params`: a PoolingParams); any thread."""
-        from engine.pooling import pooling_sequence, prepare_pooling
-        from engine.pooling_params import PoolingParams
-
-        params = params or PoolingParams()
-        text, ids = prepare_pooling(self, prompt, params)
-        seq = pooling_sequence(self, next(self._seq_ids), request_id, ids, params, arrival_time)
-        self._enqueue(_Request(request_id, text, ids, seq.params, [seq]))
+        """Queue an embedding request (engine.pooling): one prompt, or a list of prompts pooled under
+        one request id into one output; `params`: a PoolingParams. Any thread."""
+        text, ids, seqs = pooling_request(self, self._seq_ids, request_id, prompt, params, arrival_time)
+        self._enqueue(_Request(request_id, text, ids, seqs[0].params, seqs))
 
     def _enqueue(self, req: _Request) -> None:
         with self._intake_lock:
@@ -311,7 +314,7 @@ class LLMEngine:
         if req is None or not all(s.is_finished for s in req.seqs):
             return None
         del self.requests[seq.request_id]
-        self.stats["prompt_tokens"] += len(req.prompt_token_ids)
+        self.stats["prompt_tokens"] += num_prompt_tokens(req.prompt_token_ids)
         for s in req.seqs:
             self.stats["generation_tokens"] += s.num_output_tokens
             reasons = self.stats["finished_reasons"]  # a few fixed keys: stop, length
@@ -319,7 +322,7 @@ class LLMEngine:
         with self._intake_lock:
             self._known_ids.discard(seq.request_id)
         if seq.pooling is not None:
-            return pooling_output(req.request_id, req.prompt, req.prompt_token_ids, seq)
+            return pooling_output(req)
         return self._make_output(req)
 
     @staticmethod

@@ -13,6 +13,7 @@ pooling takes them like generation does."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -125,15 +126,43 @@ def prepare_pooling(engine, prompt, params: PoolingParams) -> tuple[str | None, 
     return text, ids
 
 
-def pooling_sequence(engine, seq_id: int, request_id: str, ids: list[int], params: PoolingParams,
-                     arrival: float | None) -> Sequence:
+def pooling_request(engine, seq_ids: Iterator[int], request_id: str, prompt, params: PoolingParams | None,
+                    arrival: float | None):
+    """(text, token ids, sequences) of one pooling request: one sequence per input. A list of
+    inputs (one batch line's) becomes one request whose output stacks their vectors; every input
+    is checked before any is queued."""
+    params = params or PoolingParams()
     config = engine.pooler_config
-    seq = Sequence(seq_id, request_id, 0, ids, _PREFILL_ONLY, arrival or time.time())
+    many = isinstance(prompt, list)
+    prepared = []
+    for i, p in enumerate(prompt if many else [prompt]):
+        try:
+            prepared.append(prepare_pooling(engine, p, params))
+        except ValueError as exc:
+            raise ValueError(f"input {i}: {exc}" if many else str(exc)) from exc
+    if not prepared:
+        raise ValueError("a pooling request needs at least one input")
     normalize = config.normalize if params.normalize is None else params.normalize
-    seq.pooling = PoolingState(config.method, params, normalize)
-    return seq
+    arrival = arrival or time.time()
+    seqs = []
+    for i, (_, ids) in enumerate(prepared):
+        seq = Sequence(next(seq_ids), request_id, i, ids, _PREFILL_ONLY, arrival)
+        seq.pooling = PoolingState(config.method, params, normalize)
+        seqs.append(seq)
+    if many:
+        return None, [ids for _, ids in prepared], seqs
+    return prepared[0][0], prepared[0][1], seqs
 
 
-def pooling_output(request_id: str, prompt: str | None, ids: list[int], seq: Sequence) -> PoolingRequestOutput:
-    return PoolingRequestOutput(request_id, PoolingOutput(seq.pooling.vector), ids,
-                                num_cached_tokens=seq.num_cached_tokens, prompt=prompt)
+def num_prompt_tokens(ids: list) -> int:
+    """Tokens of a request's prompt: one list of ids, or (a multi-input pooling request) a list of them."""
+    return sum(map(len, ids)) if ids and isinstance(ids[0], list) else len(ids)
+
+
+def pooling_output(req) -> PoolingRequestOutput:
+    """`outputs.data`: the vector, or for a multi-input request the vectors stacked [inputs, dim]."""
+    seqs = sorted(req.seqs, key=lambda s: s.index)
+    many = isinstance(req.prompt_token_ids[0], list)
+    data = torch.stack([s.pooling.vector for s in seqs]) if many else seqs[0].pooling.vector
+    return PoolingRequestOutput(req.request_id, PoolingOutput(data), req.prompt_token_ids,
+                                num_cached_tokens=sum(s.num_cached_tokens for s in seqs), prompt=req.prompt)

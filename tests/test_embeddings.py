@@ -278,3 +278,28 @@ def test_abort_frees_a_pooling_request_mid_prefill(embedding_model):
     with pytest.raises(ValueError, match="already in use"):
         engine.add_pooling_request("short", "x")
         engine.add_pooling_request("short", "x")
+
+
+def test_many_inputs_under_one_request_id(embedding_model):
+    """A batch line's inputs: one request, one output with the vectors stacked in input order, each
+    equal to sentence-transformers'; one bad input refuses the whole request; abort frees them all."""
+    path = embedding_model("llama", "last")
+    inputs = texts(seed=9, count=6)
+    llm = LLM(str(path), max_num_batched_tokens=32, num_kv_blocks=64, max_model_len=200)
+    engine = llm.llm_engine
+    engine.add_pooling_request("line-1", inputs + [{"prompt_token_ids": [7, 8, 9]}])
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += engine.step()
+    (out,) = outs
+    assert out.outputs.data.shape == (7, 64)
+    assert out.prompt_token_ids[-1] == [7, 8, 9] and len(out.prompt_token_ids) == 7
+    expected = np.vstack([st_encode(path, inputs), embed(llm, [{"prompt_token_ids": [7, 8, 9]}])])
+    assert_close(out.outputs.data.numpy(), expected)
+    with pytest.raises(ValueError, match="input 1: the input has 300 tokens"):
+        engine.add_pooling_request("line-2", [{"prompt_token_ids": [1]}, {"prompt_token_ids": [1] * 300}])
+    assert not engine.has_unfinished_requests()
+    engine.add_pooling_request("line-3", [{"prompt_token_ids": list(range(1, 150))}] * 3)
+    engine.step()
+    assert engine.abort_request("line-3")
+    assert_pool_free(engine)
