@@ -303,3 +303,11 @@ def test_many_inputs_under_one_request_id(embedding_model):
     engine.step()
     assert engine.abort_request("line-3")
     assert_pool_free(engine)
+
+
+def test_vllm_task_embed_means_the_pooling_runner(tiny_model):
+    llm = LLM(str(tiny_model("qwen3")), task="embed", num_kv_blocks=8)
+    assert llm.llm_engine.config.runner == "pooling"
+    assert len(llm.embed("hello", use_tqdm=False)[0].outputs.embedding) == 64
+    with pytest.raises(ValueError, match="task='classify' is not supported"):
+        LLM(str(tiny_model("qwen3")), task="classify", num_kv_blocks=8)
