@@ -311,3 +311,22 @@ def test_vllm_task_embed_means_the_pooling_runner(tiny_model):
     assert len(llm.embed("hello", use_tqdm=False)[0].outputs.embedding) == 64
     with pytest.raises(ValueError, match="task='classify' is not supported"):
         LLM(str(tiny_model("qwen3")), task="classify", num_kv_blocks=8)
+
+
+def test_engine_host_runs_pooling_requests_and_fails_generation_on_a_headless_model(embedding_model):
+    from engine import LLMEngine
+    from workers.engine_host import EngineHost
+
+    path = embedding_model("qwen3", "cls")
+    inputs = texts(seed=10, count=5)
+    host = EngineHost(lambda: LLMEngine(str(path), num_kv_blocks=64, max_num_batched_tokens=32))
+    try:
+        line = host.submit("line", inputs, PoolingParams())
+        one = host.submit("one", inputs[0], PoolingParams())
+        chat = host.submit("chat", {"prompt_token_ids": [1, 2, 3]}, SamplingParams(max_tokens=4))
+        assert_close(line.result(timeout=60).outputs.data.numpy(), st_encode(path, inputs))
+        assert_close([one.result(timeout=60).outputs.data.numpy()], st_encode(path, inputs[:1]))
+        with pytest.raises(ValueError, match="no language-model head"):
+            chat.result(timeout=60)
+    finally:
+        host.close()
