@@ -3,8 +3,9 @@
 300,000 tokens, as OpenAI), and OpenAI's response body (`object: "list"`, `data[].embedding` as
 floats or base64 float32, `usage`). Torch-free.
 
-Not wired into the line parser, the shard input or the worker yet: these are the contract pieces
-the platform path builds on (see issue 11)."""
+`batchfile.validation` hands an embeddings line (or any line for an embedding model) here; the
+texts are tokenized when the line is finished, and the `ParsedRequest` carries every input's
+token ids (`inputs`) for the worker, which runs them as one engine request."""
 
 from __future__ import annotations
 
@@ -13,10 +14,16 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from batchfile.errors import CONTEXT_LENGTH_EXCEEDED, INVALID_PARAMETER, INVALID_PROMPT, InvalidLine
+from batchfile.errors import (
+    CONTEXT_LENGTH_EXCEEDED,
+    INVALID_PARAMETER,
+    INVALID_PROMPT,
+    INVALID_URL,
+    InvalidLine,
+)
 from batchfile.fields import type_name
+from batchfile.request import EMBEDDINGS_URL, ParsedRequest
 
-EMBEDDINGS_URL = "/v1/embeddings"
 MAX_INPUTS = 2048  # OpenAI: an input array holds at most 2,048 items
 MAX_LINE_TOKENS = 300_000  # OpenAI: at most 300,000 tokens over all inputs of one request
 ENCODING_FORMATS = ("float", "base64")
@@ -140,3 +147,52 @@ def embeddings_body(model: str, vectors: Sequence[Sequence[float]], prompt_token
         "model": model,
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     }
+
+
+def check_model_serves(limits, url: str) -> None:
+    """An embedding model serves embeddings lines only, a generative one everything else."""
+    if url == EMBEDDINGS_URL and limits.runner != "pooling":
+        raise InvalidLine(INVALID_URL, f"model {limits.name!r} is a generative model; it cannot serve {EMBEDDINGS_URL}")
+    if url != EMBEDDINGS_URL and limits.runner == "pooling":
+        raise InvalidLine(INVALID_URL, f"model {limits.name!r} is an embedding model; it serves {EMBEDDINGS_URL} only")
+
+
+def read_line(limits, raw_body: dict, body: dict) -> EmbeddingInputs:
+    """The line's inputs; job-level defaults (`body`) apply only to the embeddings fields."""
+    merged = {k: v for k, v in body.items() if k in FIELDS or k in raw_body}
+    inputs = read_embedding_body(merged, limits.vocab_size)
+    if inputs.dimensions is not None:
+        try:
+            limits.pooler.check_dimensions(inputs.dimensions, limits.hidden_size or inputs.dimensions)
+        except ValueError as e:
+            raise InvalidLine(INVALID_PARAMETER, str(e)) from None
+    return inputs
+
+
+def finish_line(line: int, custom_id: str, limits, body: dict, inputs: EmbeddingInputs) -> ParsedRequest:
+    """Tokenize the texts (after the model's default prompt, as the engine and sentence-transformers
+    do) and check every input against the context and the line's token limit."""
+    token_ids = inputs.token_ids
+    if token_ids is None:
+        prefix = limits.pooler.default_prompt if limits.pooler is not None else ""
+        try:
+            token_ids = limits.encode([prefix + t for t in inputs.texts], add_special_tokens=True)
+        except Exception as e:  # noqa: BLE001 - a tokenizer failure is this line's error
+            raise InvalidLine(INVALID_PROMPT, f"tokenization failed: {str(e)[:300]}") from None
+        if not all(token_ids):
+            raise InvalidLine(INVALID_PROMPT, "an input tokenized to nothing")
+    token_ids = fit_inputs(token_ids, limits.max_model_len, inputs.truncate_prompt_tokens)
+    options = {"encoding_format": inputs.encoding_format, "dimensions": inputs.dimensions}
+    return ParsedRequest(line, custom_id, EMBEDDINGS_URL, limits.name, [], None, body, inputs=token_ids,
+                         embedding_options=options)
+
+
+def usage_tokens(request: ParsedRequest) -> int:
+    return sum(map(len, request.inputs or ()))
+
+
+def response_of(request: ParsedRequest, vectors) -> dict:
+    """The line's OpenAI body from its vectors (rows of floats)."""
+    fmt = (request.embedding_options or {}).get("encoding_format", "float")
+    return embeddings_body(request.model, vectors, usage_tokens(request), fmt)
+

@@ -50,8 +50,18 @@ class PoolerConfig:
             raise ValueError(f"dimensions={dimensions} exceeds the model's embedding size of {hidden_size}")
 
 
+BASE_MODELS = ("LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model")
+
+
 def is_sentence_transformers_dir(path: Path) -> bool:
     return (Path(path) / "modules.json").is_file()
+
+
+def default_runner(path: Path, raw_config: dict) -> str:
+    """vLLM's runner="auto": pooling for a sentence-transformers directory or a base model saved
+    without an LM head, generate otherwise."""
+    base = any(a in BASE_MODELS for a in raw_config.get("architectures") or [])
+    return "pooling" if base or is_sentence_transformers_dir(path) else "generate"
 
 
 def _read_json(path: Path) -> dict:

@@ -83,3 +83,86 @@ def test_bodies_parse_as_openai_types_and_base64_decodes_to_the_engine_vectors(t
         assert item["index"] == i and isinstance(item["embedding"], str)
         decoded = np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4")  # as the openai client does
         np.testing.assert_array_equal(decoded, np.asarray(vectors[i], dtype=np.float32))
+
+
+def test_embedding_lines_validate_run_and_land_in_parquet_and_jsonl(tmp_path, tiny_model):
+    """Lines through validation (per-line errors for what cannot run), the shard-input format, the
+    worker's engine host and rows, into Parquet (read back by pandas) and OpenAI's output JSONL;
+    every vector equals the offline engine's."""
+    import io
+    import json
+
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from batchfile.model_limits import ModelLimits
+    from batchfile.shard_input import BadLine, decode_request, validate_stream
+    from engine import LLM, LLMEngine, PoolingParams
+    from engine.tiny_embedding import write_tiny_embedding_model
+    from store.results.jsonl import JSONL_COLUMNS, jsonl_lines
+    from store.results.rows import rows_to_table
+    from workers.engine_host import EngineHost
+    from workers.shard_runner import _Attempt, _engine_request, _row
+
+    emb = write_tiny_embedding_model(tmp_path / "emb", "qwen3", "mean", matryoshka_dimensions=[16, 64],
+                                     default_prompt="query: ", max_position_embeddings=128)
+    models = {"emb": ModelLimits.from_dir(emb, name="emb"),
+              "gen": ModelLimits.from_dir(tiny_model("qwen3"), name="gen")}
+
+    def line(cid, body, url="/v1/embeddings"):
+        return {"custom_id": cid, "method": "POST", "url": url, "body": {"model": "emb", **body}}
+
+    lines = [
+        line("one", {"input": "hello world"}),
+        line("many", {"input": ["first text", "a second, longer text"], "encoding_format": "base64"}),
+        line("ids", {"input": [[5, 6, 7], [8, 9]], "dimensions": 16, "user": "u1"}),
+        line("long", {"input": "word " * 200}),
+        line("cut", {"input": [list(range(1, 200))], "truncate_prompt_tokens": 50}),
+        line("dims", {"input": "x", "dimensions": 20}),
+        line("chat", {"messages": [{"role": "user", "content": "hi"}]}, url="/v1/chat/completions"),
+        {**line("gen", {"input": "x"}), "body": {"model": "gen", "input": "x"}},
+    ]
+    data = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    items = list(validate_stream(io.BytesIO(data), models))
+    errors = {lines[i]["custom_id"]: it.error.code for i, it in enumerate(items) if isinstance(it, BadLine)}
+    assert errors == {"long": "context_length_exceeded", "dims": "invalid_parameter", "chat": "invalid_url",
+                      "gen": "invalid_url"}
+    requests = [decode_request(it.shard_line) for it in items if not isinstance(it, BadLine)]
+    assert [r.custom_id for r in requests] == ["one", "many", "ids", "cut"]
+    assert requests[3].inputs == [list(range(150, 200))]
+
+    llm = LLM(str(emb), num_kv_blocks=64)  # the offline engine: the reference vectors
+    expected = [
+        [o.outputs.embedding for o in llm.embed(["hello world"], use_tqdm=False)],
+        [o.outputs.embedding for o in llm.embed(["first text", "a second, longer text"], use_tqdm=False)],
+        [o.outputs.embedding for o in llm.embed([{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [8, 9]}],
+                                                pooling_params=PoolingParams(dimensions=16), use_tqdm=False)],
+        [o.outputs.embedding for o in llm.embed([{"prompt_token_ids": list(range(150, 200))}], use_tqdm=False)],
+    ]
+    host = EngineHost(lambda: LLMEngine(str(emb), num_kv_blocks=64))
+    try:
+        ids = [f"s/1/{r.line}" for r in requests]
+        attempt = _Attempt(ids, dict(zip(ids, requests)))
+        futures = host.submit_many([_engine_request(rid, r) for rid, r in zip(ids, requests)])
+        rows = [_row(attempt, rid, f, "s", None, None) for rid, f in zip(ids, futures)]  # _row waits for f
+    finally:
+        host.close()
+    path = tmp_path / "results.parquet"
+    pq.write_table(rows_to_table(rows), path)
+    frame = pd.read_parquet(path)
+    for got, want in zip(frame["embedding"], expected):
+        np.testing.assert_array_equal(np.stack(list(got)), np.asarray(want, dtype=np.float32))
+    assert frame["prompt_tokens"].tolist()[2:] == [5, 50] and frame["completion_tokens"].tolist() == [0] * 4
+    assert pq.read_schema(path).field("embedding").type == pa.list_(pa.list_(pa.float32()))
+    table = pq.read_table(path, columns=JSONL_COLUMNS)
+    out = [json.loads(x) for x in jsonl_lines(table.to_batches(), "seed", errors=False)]
+    assert [o["custom_id"] for o in out] == ["one", "many", "ids", "cut"]
+    for o, want in zip(out, expected):
+        body = o["response"]["body"]
+        if o["custom_id"] == "many":
+            vectors = [np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in body["data"]]
+        else:
+            vectors = [d.embedding for d in CreateEmbeddingResponse.model_validate(body).data]
+        np.testing.assert_array_equal(np.asarray(vectors, dtype=np.float32), np.asarray(want, dtype=np.float32))
+        assert body["model"] == "emb" and o["response"]["status_code"] == 200
