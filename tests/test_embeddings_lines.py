@@ -103,7 +103,8 @@ def test_embedding_lines_validate_run_and_land_in_parquet_and_jsonl(tmp_path, ti
     from store.results.jsonl import JSONL_COLUMNS, jsonl_lines
     from store.results.rows import rows_to_table
     from workers.engine_host import EngineHost
-    from workers.shard_runner import _Attempt, _engine_request, _row
+    from workers.line_requests import engine_request
+    from workers.shard_runner import _Attempt, _row
 
     emb = write_tiny_embedding_model(tmp_path / "emb", "qwen3", "mean", matryoshka_dimensions=[16, 64],
                                      default_prompt="query: ", max_position_embeddings=128)
@@ -144,7 +145,7 @@ def test_embedding_lines_validate_run_and_land_in_parquet_and_jsonl(tmp_path, ti
     try:
         ids = [f"s/1/{r.line}" for r in requests]
         attempt = _Attempt(ids, dict(zip(ids, requests)))
-        futures = host.submit_many([_engine_request(rid, r) for rid, r in zip(ids, requests)])
+        futures = host.submit_many([engine_request(rid, r) for rid, r in zip(ids, requests)])
         rows = [_row(attempt, rid, f, "s", None, None) for rid, f in zip(ids, futures)]  # _row waits for f
     finally:
         host.close()
@@ -166,3 +167,28 @@ def test_embedding_lines_validate_run_and_land_in_parquet_and_jsonl(tmp_path, ti
             vectors = [d.embedding for d in CreateEmbeddingResponse.model_validate(body).data]
         np.testing.assert_array_equal(np.asarray(vectors, dtype=np.float32), np.asarray(want, dtype=np.float32))
         assert body["model"] == "emb" and o["response"]["status_code"] == 200
+
+
+def test_offline_run_embeds_lines(tmp_path):
+    """`pagedbatch run` (the offline path) on embeddings lines: the vectors of `LLM.embed`."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from engine import LLM
+    from engine.tiny_embedding import write_tiny_embedding_model
+    from workers.offline import run_offline
+
+    emb = write_tiny_embedding_model(tmp_path / "emb", "llama", "cls")
+    lines = [
+        {"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"model": "x", "input": ["hi", "yo"]}},
+        {"custom_id": "b", "method": "POST", "url": "/v1/completions", "body": {"model": "x", "prompt": "hi"}},
+    ]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    run_offline(str(src), str(tmp_path / "out.parquet"), str(emb), progress=False, engine_kwargs={"num_kv_blocks": 16})
+    rows = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    assert [(r["custom_id"], r["status"], r["error_code"]) for r in rows] == [
+        ("a", "completed", None), ("b", "failed", "invalid_url")]
+    expected = [o.outputs.embedding for o in LLM(str(emb), num_kv_blocks=16).embed(["hi", "yo"], use_tqdm=False)]
+    np.testing.assert_array_equal(np.asarray(rows[0]["embedding"]), np.asarray(expected, dtype=np.float32))

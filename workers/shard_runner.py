@@ -21,17 +21,16 @@ from dataclasses import dataclass, field
 from sqlalchemy.exc import DBAPIError
 
 from batchfile.shard_input import decode_request
-from engine.pooling_params import PoolingParams
 from store.cancel import stop_reason
 from store.finalize import maybe_finalize
-from store.results.embedding_rows import embedding_row
 from store.results.parquet import count_results
 from store.results.parts import results_store
-from store.results.rows import cancelled_row, completed_row, expired_row, request_failed_row
+from store.results.rows import cancelled_row, expired_row, request_failed_row
 from store.settings import Settings
 from store.shards import claim_shard, finish_shard, owns_shard, release_shard
 from store.storage import get_storage
 from workers import leases
+from workers.line_requests import engine_request, result_row
 from workers.sweeper import Recovery
 
 log = logging.getLogger(__name__)
@@ -178,7 +177,7 @@ def _run_in_engine(settings: Settings, host, watcher, shard_id: str, claim, requ
         _in_flight[shard_id] = attempt.request_ids
     try:
         if not (claim.job_cancelling or watcher.is_cancelled(claim.job_id) or draining.is_set()):
-            batch = [_engine_request(rid, req) for rid, req in zip(attempt.request_ids, requests)]
+            batch = [engine_request(rid, req) for rid, req in zip(attempt.request_ids, requests)]
             now = time.time()
             for request_id, future in zip(attempt.request_ids, host.submit_many(batch, tenant=claim.tenant)):
                 attempt.started[request_id] = now
@@ -212,16 +211,7 @@ def _row(attempt: _Attempt, request_id: str, future, shard_id: str, created_at, 
         exc = future.exception()
         message = f"{type(exc).__name__}: {exc}"
         return request_failed_row(req, ENGINE_ERROR, message, shard_id=shard_id, **times)
-    make_row = embedding_row if req.inputs is not None else completed_row
-    return make_row(req, future.result(), shard_id=shard_id, tokenizer=tokenizer, **times)
-
-
-def _engine_request(request_id: str, req) -> tuple:
-    """(request id, prompt, params) for the engine host; an embeddings line's inputs are one request."""
-    if req.inputs is not None:
-        dimensions = (req.embedding_options or {}).get("dimensions")
-        return request_id, [{"prompt_token_ids": ids} for ids in req.inputs], PoolingParams(dimensions=dimensions)
-    return request_id, {"prompt_token_ids": req.prompt_token_ids}, req.sampling_params
+    return result_row(req, future.result(), shard_id=shard_id, tokenizer=tokenizer, **times)
 
 
 def _stopped(future) -> bool:
