@@ -87,7 +87,7 @@ def test_bodies_parse_as_openai_types_and_base64_decodes_to_the_engine_vectors(t
 
 def test_embedding_lines_validate_run_and_land_in_parquet_and_jsonl(tmp_path, tiny_model):
     """Lines through validation (per-line errors for what cannot run), the shard-input format, the
-    worker's engine host and rows, into Parquet (read back by pandas) and OpenAI's output JSONL;
+    worker's engine host and rows, into Parquet (read back by pandas and DuckDB) and OpenAI's output JSONL;
     every vector equals the offline engine's."""
     import io
     import json
@@ -156,6 +156,12 @@ def test_embedding_lines_validate_run_and_land_in_parquet_and_jsonl(tmp_path, ti
         np.testing.assert_array_equal(np.stack(list(got)), np.asarray(want, dtype=np.float32))
     assert frame["prompt_tokens"].tolist()[2:] == [5, 50] and frame["completion_tokens"].tolist() == [0] * 4
     assert pq.read_schema(path).field("embedding").type == pa.list_(pa.list_(pa.float32()))
+    import duckdb
+
+    column = duckdb.sql(f"select embedding, typeof(embedding) from '{path}' order by line").fetchall()
+    assert {kind for _, kind in column} == {"FLOAT[][]"}
+    for (got, _), want in zip(column, expected):
+        np.testing.assert_array_equal(np.asarray(got, dtype=np.float32), np.asarray(want, dtype=np.float32))
     table = pq.read_table(path, columns=JSONL_COLUMNS)
     out = [json.loads(x) for x in jsonl_lines(table.to_batches(), "seed", errors=False)]
     assert [o["custom_id"] for o in out] == ["one", "many", "ids", "cut"]
