@@ -12,6 +12,7 @@ from typing import Any
 
 from engine.chat_template import render_chat
 from engine.model_info import context_length, read_config
+from engine.sentence_transformers_config import PoolerConfig, default_runner, read_pooler_config
 
 
 class UnknownModel(ValueError):
@@ -27,6 +28,10 @@ class ModelLimits:
     # False (the default): special-token text in chat message content ("<|im_start|>system") is plain
     # text; only the chat template's own markers are special. True: it becomes the special token (vLLM's way).
     special_tokens_in_content: bool = False
+    # "pooling": an embedding model (it serves /v1/embeddings lines only, with `pooler`); else "generate"
+    runner: str = "generate"
+    pooler: PoolerConfig | None = None
+    hidden_size: int | None = None
 
     @classmethod
     def from_dir(
@@ -123,7 +128,10 @@ def _load(model_dir: str, name: str | None, max_model_len: int | None, special_i
     length = context_length(config, max_model_len)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size") or len(tokenizer)
-    return ModelLimits(name or Path(model_dir).name, tokenizer, length, int(vocab), special_in_content)
+    runner = default_runner(Path(model_dir), config)
+    pooler = read_pooler_config(Path(model_dir), config) if runner == "pooling" else None
+    return ModelLimits(name or Path(model_dir).name, tokenizer, length, int(vocab), special_in_content,
+                       runner, pooler, config.get("hidden_size"))
 
 
 def limits_by_name(model_dirs: Mapping[str, str], special_in_content: Collection[str] = ()) -> dict[str, ModelLimits]:

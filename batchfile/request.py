@@ -7,7 +7,8 @@ from typing import Any
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
-URLS = (CHAT_URL, COMPLETIONS_URL)
+EMBEDDINGS_URL = "/v1/embeddings"
+URLS = (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL)
 
 
 @dataclass
@@ -19,6 +20,10 @@ class ParsedRequest:
     prompt_token_ids: list[int]
     sampling_params: Any  # engine.SamplingParams
     body: dict  # the line's body as uploaded (before job defaults)
+    # /v1/embeddings lines (prompt_token_ids and sampling_params are then empty and None): every
+    # input's token ids, and the options {"encoding_format", "dimensions"} (batchfile.embeddings)
+    inputs: list[list[int]] | None = None
+    embedding_options: dict | None = None
 
     @property
     def is_chat(self) -> bool:

@@ -74,6 +74,9 @@ def _param_defaults() -> dict:
 
 def encode_request(item: ParsedRequest) -> str:
     """A shard-input line; only the sampling parameters that differ from the defaults are written."""
+    if item.inputs is not None:  # /v1/embeddings: every input's ids and the options
+        return _encode({"line": item.line, "custom_id": item.custom_id, "url": item.url, "model": item.model,
+                        "inputs": item.inputs, "embedding": item.embedding_options}) + "\n"
     sp = item.sampling_params
     params = {name: value for name, default in _param_defaults().items() if (value := getattr(sp, name)) != default}
     record = {
@@ -89,6 +92,9 @@ def encode_request(item: ParsedRequest) -> str:
 
 def decode_request(line: str | bytes) -> ParsedRequest:
     record = json.loads(line)
+    if "inputs" in record:
+        return ParsedRequest(record["line"], record["custom_id"], record["url"], record["model"], [], None, {},
+                             inputs=record["inputs"], embedding_options=record["embedding"])
     return ParsedRequest(
         line=record["line"],
         custom_id=record["custom_id"],

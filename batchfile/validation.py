@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from batchfile import embeddings
 from batchfile.errors import (
     CONTEXT_LENGTH_EXCEEDED,
     DUPLICATE_CUSTOM_ID,
@@ -31,7 +32,7 @@ from batchfile.errors import (
 )
 from batchfile.fields import as_bool, messages_of, prompt_of, type_name
 from batchfile.model_limits import ModelLimits
-from batchfile.request import CHAT_URL, URLS, ParsedRequest
+from batchfile.request import CHAT_URL, EMBEDDINGS_URL, URLS, ParsedRequest
 from batchfile.sampling import OPENAI_BOUNDS, RequestBounds, check_output_budget, merge_defaults, sampling_kwargs
 from engine.sampling_params import SamplingParams
 
@@ -56,6 +57,7 @@ class Pending:
     token_ids: list[int] | None = None
     bounds: RequestBounds = OPENAI_BOUNDS
     plain_content: dict[str, str] | None = None  # placeholder -> message content to tokenize as plain text
+    embedding: Any = None  # an embeddings line's batchfile.embeddings.EmbeddingInputs (tokenized in finish)
 
 
 def _reject_constant(name: str):
@@ -155,6 +157,10 @@ class LineValidator:
             raise InvalidLine(INVALID_REQUEST, f"body must be a JSON object, got {type_name(raw_body)}")
         body = merge_defaults(raw_body, self.defaults)
         limits = self._model(body.get("model"))
+        embeddings.check_model_serves(limits, url)
+        if url == EMBEDDINGS_URL:
+            inputs = embeddings.read_line(limits, raw_body, body)
+            return Pending(line, custom_id, url, limits, raw_body, None, False, bounds=self.bounds, embedding=inputs)
         params, explicit = sampling_kwargs(body, url, self.bounds)
         try:
             sampling = SamplingParams(**params)
@@ -201,6 +207,8 @@ def _read_prompt(pending: Pending, body: dict) -> None:
 def finish(pending: Pending) -> ParsedRequest:
     """The request, once its prompt is tokenized: the prompt must leave room in the context for
     max_tokens (chat without max_tokens gets the rest of the context)."""
+    if pending.embedding is not None:
+        return embeddings.finish_line(pending.line, pending.custom_id, pending.limits, pending.body, pending.embedding)
     _fit_context(pending, pending.token_ids)
     sp = pending.sampling
     check_output_budget(sp.n, sp.max_tokens, sp.logprobs, pending.bounds)

@@ -7,10 +7,13 @@ prefix caching. Runs standalone: `from engine import LLM, SamplingParams`.
 
 from engine.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from engine.outputs import CompletionOutput, Logprob, RequestOutput
+from engine.pooling_outputs import EmbeddingOutput, EmbeddingRequestOutput, PoolingOutput, PoolingRequestOutput
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import RequestOutputKind, SamplingParams
 
 __all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "RequestOutputKind",
-           "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence"]
+           "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence", "PoolingParams", "PoolingOutput",
+           "PoolingRequestOutput", "EmbeddingOutput", "EmbeddingRequestOutput"]
 
 
 def __getattr__(name: str):

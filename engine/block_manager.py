@@ -52,6 +52,8 @@ class BlockManager:
         one token to compute (its logits are needed to sample)."""
         if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
             return []  # as vLLM: a cached prefix has no logits, so prompt_logprobs recompute it
+        if seq.pooling is not None and seq.pooling.needs_every_token:
+            return []  # mean/CLS pooling read every token's hidden state, which a hit would skip
         hits = []
         for i in range(len(seq) // self.block_size):
             block = self.cached.get(self.block_hash(seq, i))

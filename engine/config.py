@@ -15,6 +15,11 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    # base models without an LM head, as sentence-transformers saves them (pooling only)
+    "LlamaModel": "llama",
+    "MistralModel": "mistral",
+    "Qwen2Model": "qwen2",
+    "Qwen3Model": "qwen3",
 }
 
 
@@ -150,6 +155,8 @@ class EngineConfig:
     generation_config: str = "auto"  # auto | vllm | a directory with generation_config.json
     override_generation_config: dict | None = None  # merged over generation_config.json's defaults
     max_logprobs: int = 20  # most logprobs / prompt_logprobs a request may ask for; -1: the vocabulary
+    # vLLM's runner: generate, pooling (embeddings), or auto (pooling for a sentence-transformers directory)
+    runner: str = "auto"
 
     def __post_init__(self):
         if self.seed is None:  # vLLM: no seed, no reproducibility
@@ -160,6 +167,8 @@ class EngineConfig:
             raise ValueError("hf_overrides must be a dict merged over config.json (callables are not supported)")
         if not isinstance(self.max_logprobs, int) or self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be an integer >= 0 or -1, got {self.max_logprobs!r}")
+        if self.runner not in ("auto", "generate", "pooling"):
+            raise ValueError(f"runner={self.runner!r} is not supported; use auto, generate or pooling")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.max_num_seqs < 1:

@@ -8,12 +8,13 @@ from engine.beam_search import BeamSearchOutput, BeamSearchParams, run_beam_sear
 from engine.chat_prompt import render_conversation
 from engine.llm_args import engine_kwargs
 from engine.llm_engine import LLMEngine, Prompt
+from engine.llm_pooling import PoolingMixin
 from engine.metrics import Metric, engine_metrics
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
 
-class LLM:
+class LLM(PoolingMixin):
     """vLLM's `LLM`. Keyword arguments are `EngineConfig` options or vLLM's own; see
     `engine.llm_args` for the vLLM ones that are no-ops here and the values that are refused."""
 

@@ -34,11 +34,10 @@ _ONLY = {
     "skip_tokenizer_init": (False, "the engine needs the tokenizer (stop strings, chat templates)"),
     "load_format": ("auto", "weights load from safetensors only"),
     "scheduling_policy": ("fcfs", "the scheduler is first-come first-served; priority scheduling is not supported"),
-    "runner": ("auto", "only text generation is supported"),
-    "task": ("auto", "only text generation is supported"),
+    "task": ("auto", "only text generation and embeddings (task='embed') are supported"),
     "speculative_config": (None, "speculative decoding is not supported"),
 }
-_EQUIVALENT = {"runner": {"generate"}, "task": {"generate"}, "load_format": {"safetensors"}}
+_EQUIVALENT = {"task": {"generate"}, "load_format": {"safetensors"}}
 
 ENGINE_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig)) - {"model"}
 
@@ -49,6 +48,8 @@ def engine_kwargs(kwargs: dict) -> dict:
     for name, value in kwargs.items():
         if name in ENGINE_FIELDS:
             options[name] = value
+        elif name == "task" and value in ("embed", "encode"):  # vLLM's older spelling of runner="pooling"
+            options["runner"] = "pooling"
         elif name in _ONLY:
             wanted, why = _ONLY[name]
             if value != wanted and value not in _EQUIVALENT.get(name, ()):

@@ -17,6 +17,15 @@ from engine.generation_config import default_sampling_values, eos_ids, read_gene
 from engine.kv_export import KVBundle, KVTransfer, wants_export
 from engine.model_runner import ModelRunner
 from engine.outputs import CompletionOutput, Logprob, RequestOutput
+from engine.pooling import (
+    forward_with_pooling,
+    has_pooling,
+    num_prompt_tokens,
+    pooled_sequences,
+    pooling_output,
+    pooling_request,
+)
+from engine.pooling_runner import resolve_runner
 from engine.prompt_logprobs import plan as plan_prompt_logprobs
 from engine.prompt_logprobs import record as record_prompt_logprobs
 from engine.request_checks import check_against_model
@@ -60,6 +69,7 @@ class LLMEngine:
         )
         self.eos_token_id, self.extra_eos_ids = self._eos_ids()
         self.eos_token_ids = sorted({self.eos_token_id, *self.extra_eos_ids} - {None})
+        self.pooler_config = resolve_runner(self.config, self.model_config)  # None: a generative runner
         self.runner = ModelRunner(self.config, self.model_config, self.device, self.dtype)
         self.block_manager = BlockManager(
             self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
@@ -124,6 +134,8 @@ class LLMEngine:
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise ValueError if the request can never be served."""
+        if not self.runner.has_lm_head:
+            raise ValueError("this model has no language-model head (a pooling model): it can only embed")
         check_against_model(params, self.model_config.vocab_size, self.config.max_logprobs)
         n = len(prompt_token_ids)
         if n == 0:
@@ -153,11 +165,21 @@ class LLMEngine:
                 for i in range(params.n)]
         for seq in seqs:
             seq.bad_words_token_ids = bad_words
+        self._enqueue(_Request(request_id, text, ids, params, seqs))
+
+    def add_pooling_request(self, request_id: str, prompt: Prompt | list[Prompt], params=None,
+                            arrival_time: float | None = None) -> None:
+        """Queue an embedding request (engine.pooling): one prompt, or a list of prompts pooled under
+        one request id into one output; `params`: a PoolingParams. Any thread."""
+        text, ids, seqs = pooling_request(self, self._seq_ids, request_id, prompt, params, arrival_time)
+        self._enqueue(_Request(request_id, text, ids, seqs[0].params, seqs))
+
+    def _enqueue(self, req: _Request) -> None:
         with self._intake_lock:
-            if request_id in self._known_ids:
-                raise ValueError(f"request id {request_id!r} is already in use")
-            self._known_ids.add(request_id)
-            self._incoming.append(_Request(request_id, text, ids, params, seqs))
+            if req.request_id in self._known_ids:
+                raise ValueError(f"request id {req.request_id!r} is already in use")
+            self._known_ids.add(req.request_id)
+            self._incoming.append(req)
 
     def add_imported_request(self, request_id: str, bundle: KVBundle, params: SamplingParams) -> None:
         """Queue the decode half of a request prefilled by another engine (engine/kv_export.py)."""
@@ -166,11 +188,7 @@ class LLMEngine:
         seq = Sequence(next(self._seq_ids), request_id, 0, ids, params, time.time(), StopStrings(params.stop_strings))
         if params.bad_words:
             seq.bad_words_token_ids = bad_words_token_ids(self.tokenizer, params.bad_words)
-        with self._intake_lock:
-            if request_id in self._known_ids:
-                raise ValueError(f"request id {request_id!r} is already in use")
-            self._known_ids.add(request_id)
-            self._incoming.append(_Request(request_id, bundle.prompt, ids, params, [seq], bundle))
+        self._enqueue(_Request(request_id, bundle.prompt, ids, params, [seq], bundle))
 
     def abort_request(self, request_id: str) -> bool:
         """Drop a request now; its blocks return to the pool at once. False if unknown."""
@@ -219,15 +237,24 @@ class LLMEngine:
             if not batch:
                 return finished
             spans, rows = plan_prompt_logprobs(batch)
-            logits, hidden = self.runner.execute(batch, rows) if rows else (self.runner.execute(batch), None)
+            if has_pooling(batch):
+                logits, hidden = forward_with_pooling(self.runner, batch, rows)
+            else:
+                logits, hidden = self.runner.execute(batch, rows) if rows else (self.runner.execute(batch), None)
             if spans:
                 record_prompt_logprobs(spans, hidden, self.runner.model.compute_logits,
                                        self.model_config.vocab_size, self._logprob_entry)
-            samplers = [s for s, n in zip(batch.seqs, batch.num_new_tokens) if s.num_computed_tokens + n == len(s)]
+            samplers = [s for s, n in zip(batch.seqs, batch.num_new_tokens)
+                        if s.num_computed_tokens + n == len(s) and s.pooling is None]
             tokens, logprobs = self.sampler(logits, samplers, self.eos_token_ids) if samplers else ([], None)
             for seq, n in zip(batch.seqs, batch.num_new_tokens):
                 seq.num_computed_tokens += n
                 self.block_manager.register_full_blocks(seq)
+            for seq in pooled_sequences(batch):  # pooled: done, blocks back to the pool now
+                self._finish(seq, "stop", None)
+                output = self._request_done(seq)
+                if output is not None:
+                    finished.append(output)
             for i, seq in enumerate(samplers):
                 seq.append_token(tokens[i])
                 if logprobs is not None and seq.logprobs is not None:
@@ -308,13 +335,15 @@ class LLMEngine:
         if req is None or not all(s.is_finished for s in req.seqs):
             return None
         del self.requests[seq.request_id]
-        self.stats["prompt_tokens"] += len(req.prompt_token_ids)
+        self.stats["prompt_tokens"] += num_prompt_tokens(req.prompt_token_ids)
         for s in req.seqs:
             self.stats["generation_tokens"] += s.num_output_tokens
             reasons = self.stats["finished_reasons"]  # a few fixed keys: stop, length
             reasons[s.finish_reason] = reasons.get(s.finish_reason, 0) + 1
         with self._intake_lock:
             self._known_ids.discard(seq.request_id)
+        if seq.pooling is not None:
+            return pooling_output(req)
         return self._make_output(req)
 
     @staticmethod

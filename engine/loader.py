@@ -24,7 +24,10 @@ def checkpoint_files(path: Path) -> list[Path]:
     return files
 
 
-def load_weights(model: LlamaForCausalLM, path: Path) -> None:
+def load_weights(model: LlamaForCausalLM, path: Path, lm_head_optional: bool = False) -> bool:
+    """Fill `model` from the checkpoint. A base model's weights (no `model.` prefix, as
+    sentence-transformers saves them) load too; with `lm_head_optional` a checkpoint without an
+    LM head is accepted. Returns whether the model has a real LM head."""
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     for file in checkpoint_files(path):
@@ -32,13 +35,16 @@ def load_weights(model: LlamaForCausalLM, path: Path) -> None:
             for name in f.keys():  # noqa: SIM118 - a safetensors handle is not a dict
                 if name.endswith(IGNORED_SUFFIXES):
                     continue
+                tensor_name = name
+                if not name.startswith(("model.", "lm_head.")):
+                    name = f"model.{name}"
                 if name == "lm_head.weight" and model.cfg.tie_word_embeddings:
                     continue
                 target, shard = _target(name, model)
                 if target not in params:
                     raise ValueError(f"checkpoint weight {name!r} has no place in the model")
                 param = params[target]
-                tensor = f.get_tensor(name)
+                tensor = f.get_tensor(tensor_name)
                 with torch.no_grad():
                     if shard is None:
                         _copy(param, tensor, name)
@@ -48,7 +54,11 @@ def load_weights(model: LlamaForCausalLM, path: Path) -> None:
                         start = sum(sizes[:index])
                         _copy(param.narrow(0, start, sizes[index]), tensor, name)
                 loaded.add(target if shard is None else f"{target}#{shard[1]}")
+    has_head = model.cfg.tie_word_embeddings or "lm_head.weight" in loaded
+    if lm_head_optional and not has_head:
+        loaded.add("lm_head.weight")
     _check_complete(model, params, loaded)
+    return has_head
 
 
 def _target(name: str, model: LlamaForCausalLM) -> tuple[str, tuple[str, int] | None]:

@@ -38,7 +38,8 @@ class ModelRunner:
             model = LlamaForCausalLM(model_config, self.ops)
         model.to(dtype=dtype)
         model.cos_sin = model.cos_sin.float()
-        load_weights(model, model_config.path)
+        # A pooling runner serves base models (no LM head); generation is then refused.
+        self.has_lm_head = load_weights(model, model_config.path, lm_head_optional=config.runner == "pooling")
         self.model = model.eval()
         self.num_blocks = config.num_kv_blocks or self._auto_num_blocks()
         shape = (self.num_blocks, self.block_size, model_config.num_kv_heads, model_config.head_dim)

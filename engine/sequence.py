@@ -51,6 +51,7 @@ class Sequence:
         self.arrival = arrival or time.time()
         self.first_token_time: float | None = None
         self.num_preemptions = 0
+        self.pooling = None  # an embedding request's engine.pooling.PoolingState
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -10,6 +10,13 @@ from pagedbatch.engine_options import add_engine_options, engine_kwargs
 
 
 def _tiny_model(args) -> int:
+    if args.embedding:
+        from engine.tiny_embedding import write_tiny_embedding_model
+
+        dims = [int(d) for d in args.matryoshka.split(",")] if args.matryoshka else None
+        print(write_tiny_embedding_model(args.path, arch=args.arch, pooling=args.pooling, seed=args.seed,
+                                         normalize=not args.no_normalize, matryoshka_dimensions=dims))
+        return 0
     from engine.tiny import write_tiny_model
 
     print(write_tiny_model(args.path, arch=args.arch, seed=args.seed))
@@ -37,6 +44,11 @@ def add_commands(commands) -> None:
     tiny.add_argument("path")
     tiny.add_argument("--arch", default="qwen3", choices=["llama", "mistral", "qwen2", "qwen3"])
     tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--embedding", action="store_true",
+                      help="a sentence-transformers embedding model (no LM head) instead of a causal LM")
+    tiny.add_argument("--pooling", default="last", choices=["last", "mean", "cls"], help="with --embedding")
+    tiny.add_argument("--no-normalize", action="store_true", help="with --embedding: no Normalize module")
+    tiny.add_argument("--matryoshka", metavar="DIMS", help="with --embedding: Matryoshka sizes, e.g. 16,32,64")
     tiny.set_defaults(func=_tiny_model)
 
     run = commands.add_parser("run", help="offline: run a JSONL file through the engine into Parquet, no servers")

@@ -146,6 +146,6 @@ def test_errors_are_openai_shaped(client):
     assert client.post("/v1/jobs", data=b"x", content_type="text/csv").status_code == 415
     r = client.post(
         "/v1/batches",
-        json={"input_file_id": "file-x", "endpoint": "/v1/embeddings", "completion_window": "24h"},
+        json={"input_file_id": "file-x", "endpoint": "/v1/moderations", "completion_window": "24h"},
     )
     assert r.status_code == 400 and r.get_json()["error"]["param"] == "endpoint"

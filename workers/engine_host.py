@@ -22,6 +22,7 @@ import time
 from collections import Counter, deque
 from concurrent.futures import Future
 
+from engine.pooling_params import PoolingParams
 from workers.fair_share import FairShare
 
 log = logging.getLogger(__name__)
@@ -186,7 +187,10 @@ class EngineHost:
 
     def _add_local(self, request_id: str, prompt, params) -> None:
         try:
-            self.engine.add_request(request_id, prompt, params)
+            if isinstance(params, PoolingParams):  # an embedding request: one prompt or a line's list of them
+                self.engine.add_pooling_request(request_id, prompt, params)
+            else:
+                self.engine.add_request(request_id, prompt, params)
         except Exception as exc:  # noqa: BLE001 - handed to the caller through the future
             self._requests.pop(request_id, None)
             self._tenant_of.pop(request_id, None)

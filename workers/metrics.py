@@ -94,12 +94,16 @@ class WorkerMetrics:
             self._latencies(output)
             if not getattr(output, "finished", True):
                 continue
-            prompt = len(getattr(output, "prompt_token_ids", None) or ())
+            ids = getattr(output, "prompt_token_ids", None) or ()
+            # a multi-input pooling (embeddings) output holds one id list per input
+            prompt = sum(map(len, ids)) if ids and isinstance(ids[0], list) else len(ids)
             self.requests_finished.inc()
             self.prompt_tokens.inc(prompt)
             self.cache_queries.inc(prompt)
             self.cache_hits.inc(getattr(output, "num_cached_tokens", 0) or 0)
-            self.generation_tokens.inc(sum(len(c.token_ids) for c in getattr(output, "outputs", ())))
+            choices = getattr(output, "outputs", ())
+            if isinstance(choices, list):  # a pooling output has no generated tokens
+                self.generation_tokens.inc(sum(len(c.token_ids) for c in choices))
 
     def _latencies(self, output) -> None:
         times = getattr(output, "metrics", None) or {}

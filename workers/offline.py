@@ -19,7 +19,8 @@ from batchfile.model_limits import ModelLimits
 from batchfile.parser import parse_requests
 from batchfile.request import ParsedRequest
 from store.results.parquet import count_table, write_results
-from store.results.rows import completed_row, error_row, request_failed_row, rows_to_table
+from store.results.rows import error_row, request_failed_row, rows_to_table
+from workers.line_requests import add_to_engine, result_row
 
 
 @dataclass
@@ -106,7 +107,7 @@ def _drive(engine, items, limits: ModelLimits, started: float, bar, max_in_fligh
                 continue
             request, submitted = in_flight.pop(out.request_id)
             rows.append(
-                completed_row(
+                result_row(
                     request, out, tokenizer=limits, created_at=started, started_at=submitted, finished_at=now
                 )
             )
@@ -120,7 +121,7 @@ def _drive(engine, items, limits: ModelLimits, started: float, bar, max_in_fligh
                 continue
             request_id = str(item.line)
             try:
-                engine.add_request(request_id, {"prompt_token_ids": item.prompt_token_ids}, item.sampling_params)
+                add_to_engine(engine, request_id, item)
             except ValueError as e:  # the engine's own limits (e.g. its KV pool) refuse it
                 rows.append(_failed(item, "engine_rejected", str(e), started))
                 bar.update(1)

@@ -25,11 +25,12 @@ from store.cancel import stop_reason
 from store.finalize import maybe_finalize
 from store.results.parquet import count_results
 from store.results.parts import results_store
-from store.results.rows import cancelled_row, completed_row, expired_row, request_failed_row
+from store.results.rows import cancelled_row, expired_row, request_failed_row
 from store.settings import Settings
 from store.shards import claim_shard, finish_shard, owns_shard, release_shard
 from store.storage import get_storage
 from workers import leases
+from workers.line_requests import engine_request, result_row
 from workers.sweeper import Recovery
 
 log = logging.getLogger(__name__)
@@ -176,8 +177,7 @@ def _run_in_engine(settings: Settings, host, watcher, shard_id: str, claim, requ
         _in_flight[shard_id] = attempt.request_ids
     try:
         if not (claim.job_cancelling or watcher.is_cancelled(claim.job_id) or draining.is_set()):
-            batch = [(rid, {"prompt_token_ids": req.prompt_token_ids}, req.sampling_params)
-                     for rid, req in zip(attempt.request_ids, requests)]
+            batch = [engine_request(rid, req) for rid, req in zip(attempt.request_ids, requests)]
             now = time.time()
             for request_id, future in zip(attempt.request_ids, host.submit_many(batch, tenant=claim.tenant)):
                 attempt.started[request_id] = now
@@ -211,7 +211,7 @@ def _row(attempt: _Attempt, request_id: str, future, shard_id: str, created_at, 
         exc = future.exception()
         message = f"{type(exc).__name__}: {exc}"
         return request_failed_row(req, ENGINE_ERROR, message, shard_id=shard_id, **times)
-    return completed_row(req, future.result(), shard_id=shard_id, tokenizer=tokenizer, **times)
+    return result_row(req, future.result(), shard_id=shard_id, tokenizer=tokenizer, **times)
 
 
 def _stopped(future) -> bool:

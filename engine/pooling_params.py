@@ -1,0 +1,32 @@
+"""vLLM's `PoolingParams`: what an embedding request asks of the pooler (torch-free)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class PoolingParams:
+    """`dimensions`: keep the first N values (Matryoshka models only), then renormalize.
+    `normalize`: L2-normalize the vector; None means what the model says (its
+    sentence-transformers Normalize module, or True for a plain causal model, as vLLM).
+    `truncate_prompt_tokens`: keep the last N prompt tokens (-1: the model's context)."""
+
+    dimensions: int | None = None
+    normalize: bool | None = None
+    truncate_prompt_tokens: int | None = None
+    task: str = "embed"
+
+    def validate(self) -> None:
+        if self.task not in ("embed", "encode"):
+            raise ValueError(f"pooling task {self.task!r} is not supported; use 'embed'")
+        if self.dimensions is not None and (not isinstance(self.dimensions, int) or self.dimensions < 1):
+            raise ValueError(f"dimensions must be a positive integer, got {self.dimensions!r}")
+        if self.normalize is not None and not isinstance(self.normalize, bool):
+            raise ValueError(f"normalize must be a boolean, got {self.normalize!r}")
+        keep = self.truncate_prompt_tokens
+        if keep is not None and (not isinstance(keep, int) or (keep < 1 and keep != -1)):
+            raise ValueError(f"truncate_prompt_tokens must be a positive integer or -1, got {keep!r}")
+
+    def clone(self) -> PoolingParams:
+        return PoolingParams(self.dimensions, self.normalize, self.truncate_prompt_tokens, self.task)

@@ -1,0 +1,61 @@
+"""Write tiny random-weight sentence-transformers model directories (embedding tests, the
+README example, benchmarks). The layout is the one sentence-transformers reads: the base
+model's config and weights (no LM head) and tokenizer at the top, `modules.json`,
+`1_Pooling/config.json`, an optional `2_Normalize`, `config_sentence_transformers.json`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from engine.tiny import build_tokenizer, tiny_config
+
+POOLING_MODES = {"last": "pooling_mode_lasttoken", "mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token"}
+
+
+def write_tiny_embedding_model(path, arch: str = "qwen3", pooling: str = "last", normalize: bool = True,
+                               seed: int = 0, matryoshka_dimensions: list[int] | None = None,
+                               default_prompt: str | None = None, with_lm_head: bool = False, **overrides) -> Path:
+    """Create `path` as a sentence-transformers directory; returns the path. `pooling`: last,
+    mean or cls. `matryoshka_dimensions` declares Matryoshka support in config.json (as vLLM reads
+    it); `default_prompt` becomes the default prompt that sentence-transformers puts before inputs;
+    `with_lm_head` saves the causal LM (head included), which can then generate too."""
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    if pooling not in POOLING_MODES:
+        raise ValueError(f"unknown pooling {pooling!r}; choose from {sorted(POOLING_MODES)}")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = tiny_config(arch, **overrides)
+    if matryoshka_dimensions:
+        config.matryoshka_dimensions = sorted(matryoshka_dimensions)
+        config.is_matryoshka = True
+    torch.manual_seed(seed)
+    model = (AutoModelForCausalLM if with_lm_head else AutoModel).from_config(config, dtype=torch.float32)
+    model.save_pretrained(path)
+    build_tokenizer(config.vocab_size).save_pretrained(path)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        (path / "2_Normalize").mkdir(exist_ok=True)
+        (path / "2_Normalize" / "config.json").write_text("{}")
+    (path / "modules.json").write_text(json.dumps(modules, indent=2))
+    flags = {flag: flag == POOLING_MODES[pooling] for flag in POOLING_MODES.values()}
+    pooling_config = {"word_embedding_dimension": config.hidden_size, **flags, "pooling_mode_max_tokens": False,
+                      "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_weightedmean_tokens": False,
+                      "include_prompt": True}
+    (path / "1_Pooling").mkdir(exist_ok=True)
+    (path / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config, indent=2))
+    prompts = {"query": default_prompt} if default_prompt else {}
+    st_config = {"prompts": prompts, "default_prompt_name": "query" if default_prompt else None,
+                 "similarity_fn_name": "cosine"}
+    (path / "config_sentence_transformers.json").write_text(json.dumps(st_config, indent=2))
+    (path / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": config.max_position_embeddings, "do_lower_case": False}))
+    meta = {"note": "tiny random-weight embedding model written by engine.tiny_embedding", "arch": arch,
+            "pooling": pooling, "seed": seed}
+    (path / "pagedbatch_tiny.json").write_text(json.dumps(meta))
+    return path
