@@ -109,3 +109,16 @@ def test_heartbeat_thread_renews_and_unregisters(platform):
     finally:
         beat.close()
     assert "beating" not in models_registry.running_models(settings)
+
+
+def test_an_embedding_model_registers_the_embeddings_endpoint(tmp_path):
+    from engine.tiny import write_tiny_model
+    from engine.tiny_embedding import write_tiny_embedding_model
+    from workers.registration import registration_for
+
+    write_tiny_embedding_model(tmp_path / "embed")
+    write_tiny_model(tmp_path / "chat")
+    embed = registration_for("e", str(tmp_path / "embed"), max_model_len=None, metrics_port=None)
+    chat = registration_for("c", str(tmp_path / "chat"), max_model_len=None, metrics_port=None)
+    assert embed.endpoints == ("/v1/embeddings",)
+    assert chat.endpoints == ("/v1/chat/completions", "/v1/completions")

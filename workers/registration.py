@@ -8,15 +8,23 @@ import logging
 import os
 import socket
 import threading
+from pathlib import Path
 
 from engine.model_info import context_length, read_config
+from engine.sentence_transformers_config import default_runner
 from store import models_registry
 from store.models_registry import Registration
 from store.settings import Settings
 
 log = logging.getLogger(__name__)
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+GENERATE_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+POOLING_ENDPOINTS = ("/v1/embeddings",)
+
+
+def endpoints_of(model_path: str, config: dict) -> tuple[str, ...]:
+    """The batch URLs a model directory serves: embeddings for a pooling model, generation otherwise."""
+    return POOLING_ENDPOINTS if default_runner(Path(model_path), config) == "pooling" else GENERATE_ENDPOINTS
 
 
 def registration_for(
@@ -24,12 +32,13 @@ def registration_for(
 ) -> Registration:
     """This process's registration: its Celery-style name, the model's path and context length."""
     hostname = socket.gethostname()
+    config = read_config(model_path)
     return Registration(
         worker=f"{model_name}-{os.getpid()}@{hostname}",
         model=model_name,
         path=os.path.abspath(model_path),
-        endpoints=ENDPOINTS,
-        max_model_len=context_length(read_config(model_path), max_model_len),
+        endpoints=endpoints_of(model_path, config),
+        max_model_len=context_length(config, max_model_len),
         hostname=hostname,
         pid=os.getpid(),
         metrics_port=metrics_port,
