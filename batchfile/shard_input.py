@@ -25,6 +25,7 @@ from engine.sampling_params import SamplingParams
 class GoodLine:
     model: str
     shard_line: str  # a JSON line for the shard input file
+    line: int = 0  # its line number in the input
 
 
 @dataclass
@@ -60,7 +61,7 @@ def validate_stream(
             message = f"url {item.url} does not match the batch's endpoint {endpoint}"
             yield BadLine(LineError(item.line, item.custom_id, INVALID_URL, message))
         else:
-            yield GoodLine(item.model, encode_request(item))
+            yield GoodLine(item.model, encode_request(item), item.line)
 
 
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode

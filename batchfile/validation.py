@@ -124,7 +124,8 @@ class LineValidator:
             custom_id, obj = self._envelope(content)
             return self._check(line, custom_id, obj)
         except InvalidLine as e:
-            return LineError(line, custom_id, e.code, e.message)
+            # a repeated custom_id already has its one result line: the repeat's error line names none
+            return LineError(line, None if e.code == DUPLICATE_CUSTOM_ID else custom_id, e.code, e.message)
 
     def _envelope(self, content: bytes) -> tuple[str, dict]:
         obj = _parse_json(content)

@@ -71,6 +71,7 @@ def maybe_finalize(settings: Settings, job_id: str) -> bool:
             job.completed_at = utcnow()
         elif plan.target == CANCELLED:
             job.cancelled_at = utcnow()
+            job.finalizing_at = None  # OpenAI's cancelled batch never finalized
     return True
 
 
@@ -105,8 +106,8 @@ def _start(settings: Settings, job_id: str) -> _Finalization | None:
 def _finalizable(job: Job) -> bool:
     if job.status not in (IN_PROGRESS, CANCELLING, FINALIZING):
         return False
-    if job.status == CANCELLING and job.in_progress_at is None:
-        return False  # cancelled while validating: create_job finalizes it when validation ends
+    if job.validated_at is None:
+        return False  # still validating: store.validating finalizes it when validation ends
     # `finalizing_at` marks a finalizer at work; one silent for too long is presumed dead
     return job.finalizing_at is None or utcnow() - job.finalizing_at > STALE_FINALIZE
 
@@ -153,7 +154,7 @@ def _write_final_files(
     store.merge(job_id)
     counts = store.count(job_id)
     output_file = error_file = None
-    if output:
+    if output and counts.completed:  # no output file of no lines (OpenAI's output_file_id is then null)
         output_file = _write_jsonl_file(
             settings, tenant, output_key(job_id), store.iter_output_jsonl(job_id), f"{job_id}_output.jsonl"
         )
