@@ -38,7 +38,7 @@ class BadLine:
         return {
             "code": self.error.code,
             "message": self.error.message,
-            "param": None,
+            "param": self.error.param,
             "line": self.error.line,
         }
 
@@ -59,7 +59,7 @@ def validate_stream(
             yield BadLine(item)
         elif endpoint is not None and item.url != endpoint:
             message = f"url {item.url} does not match the batch's endpoint {endpoint}"
-            yield BadLine(LineError(item.line, item.custom_id, INVALID_URL, message))
+            yield BadLine(LineError(item.line, item.custom_id, INVALID_URL, message, "url"))
         else:
             yield GoodLine(item.model, encode_request(item), item.line)
 
