@@ -11,6 +11,7 @@ unfinished shards and hands them back.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import queue
 import socket
@@ -201,6 +202,7 @@ class _ProgressReporter:
     def __init__(self, settings: Settings, shard_id: str, attempt: int):
         self.settings, self.shard_id, self.attempt = settings, shard_id, attempt
         self.counts = ResultCounts()
+        self.reported = ResultCounts()
         self.last = 0.0
 
     def add(self, row: dict) -> None:
@@ -212,8 +214,13 @@ class _ProgressReporter:
         if time.monotonic() - self.last >= PROGRESS_S:
             self.flush()
 
+    def flush_if_behind(self) -> None:
+        if self.counts != self.reported:
+            self.flush()
+
     def flush(self) -> None:
         self.last = time.monotonic()
+        self.reported = dataclasses.replace(self.counts)
         try:
             report_progress(self.settings, self.shard_id, self.attempt, self.counts)
         except DBAPIError:  # progress is a hint; the part holds the truth
@@ -224,7 +231,12 @@ def _write_as_finished(attempt: _Attempt, part, shard_id: str, created_at, token
     """Each finished request's row goes to the part (completed, or failed in the engine); its output is
     dropped at once. Aborted requests (their future resolved to None) are left for the caller."""
     for _ in range(len(attempt.futures)):
-        request_id = attempt.done.get()
+        while True:
+            try:
+                request_id = attempt.done.get(timeout=PROGRESS_S)
+                break
+            except queue.Empty:  # nothing finished for a while: record what did since the last report
+                progress.flush_if_behind()
         row = _row(attempt, request_id, attempt.futures.pop(request_id), shard_id, created_at, tokenizer)
         if row is not None:
             part.add(row)
