@@ -23,7 +23,8 @@ class Platform:
 
 
 def install(app: Flask, settings: Settings) -> None:
-    app.extensions[EXTENSION] = Platform(settings)
+    platform = app.extensions[EXTENSION] = Platform(settings)
+    app.before_request(platform.validations.start)  # in each serving process, after gunicorn forked
 
 
 def settings() -> Settings:

@@ -2,19 +2,27 @@
 
 The pool holds only job ids (the jobs themselves wait in the database, `validating`), and at most
 `max_concurrent_validations` run at once. It is started on first use, after gunicorn forked. A job
-whose validation dies with this process is resumed by a worker's sweeper (`store.validating`).
+whose validation died with its process (a restart, a crash) is resumed from its last checkpoint
+(`store.validating`): every RESUME_S each API process claims such jobs while it has idle validators,
+and workers' sweepers do the same for the jobs of their models.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from functools import partial
 
 from broker.queue import enqueue_shards
 from store.settings import Settings
-from store.validating import run_validation
+from store.validating import claim_validation, run_validation, stale_validations
+
+log = logging.getLogger(__name__)
+
+RESUME_S = 20.0  # how often an API process looks for validations whose validator died
 
 
 class ValidationPool:
@@ -24,11 +32,44 @@ class ValidationPool:
         self._lock = threading.Lock()
         self._running: set[Future] = set()  # submitted, not finished (job ids only: bounded by job limits)
 
-    def submit(self, job_id: str, owner: str):
+    @property
+    def size(self) -> int:
+        return max(self.settings.max_concurrent_validations, 1)
+
+    def start(self) -> None:
+        """The threads, and the resumer of dead validations (idempotent; cheap once started)."""
+        if self._pool is not None:
+            return
         with self._lock:
             if self._pool is None:
-                workers = max(self.settings.max_concurrent_validations, 1)
-                self._pool = ThreadPoolExecutor(workers, thread_name_prefix="validate")
+                self._pool = ThreadPoolExecutor(self.size, thread_name_prefix="validate")
+                self._stop = threading.Event()
+                threading.Thread(target=self._resume_loop, name="resume-validations", daemon=True).start()
+
+    def _resume_loop(self) -> None:
+        while not self._stop.wait(RESUME_S):
+            try:
+                self.resume_stale()
+            except Exception:  # noqa: BLE001 - the database is down: try again next time
+                log.warning("looking for stale validations failed", exc_info=True)
+
+    def resume_stale(self) -> int:
+        """Claim jobs whose validator died, as many as this pool has idle threads; returns how many."""
+        with self._lock:
+            idle = self.size - len(self._running)
+        claimed = 0
+        if idle <= 0:
+            return 0
+        for job_id in stale_validations(self.settings, limit=idle):
+            owner = f"validator-{uuid.uuid4().hex}"
+            if claim_validation(self.settings, job_id, owner):
+                log.warning("resuming the validation of %s (its validator stopped)", job_id)
+                self.submit(job_id, owner)
+                claimed += 1
+        return claimed
+
+    def submit(self, job_id: str, owner: str):
+        self.start()
         enqueue = partial(enqueue_shards, self.settings)
         future = self._pool.submit(run_validation, self.settings, job_id, owner, enqueue)
         with self._lock:
@@ -49,5 +90,6 @@ class ValidationPool:
     def shutdown(self, wait: bool = True) -> None:
         with self._lock:
             if self._pool is not None:
+                self._stop.set()
                 self._pool.shutdown(wait=wait)
                 self._pool = None

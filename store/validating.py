@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -89,19 +89,19 @@ def claim_validation(settings: Settings, job_id: str, owner: str) -> bool:
         return True
 
 
-def stale_validations(settings: Settings) -> list[str]:
-    """Jobs whose validator went silent: a worker's sweeper picks them up."""
+def stale_validations(settings: Settings, models: Collection[str] | None = None, limit: int = 100) -> list[str]:
+    """Jobs whose validator went silent, oldest first. With `models`, only the jobs of one of them (a worker
+    knows only the models it serves, and a job whose lines name their own models needs them all)."""
     cutoff = utcnow() - STALE_VALIDATION
+    query = select(Job.id).where(
+        Job.validated_at.is_(None),
+        Job.status.in_(ACTIVE),
+        (Job.validation_heartbeat_at.is_(None)) | (Job.validation_heartbeat_at < cutoff),
+    )
+    if models is not None:
+        query = query.where(Job.model.in_(list(models)))
     with session_scope(settings.database_url) as s:
-        return list(
-            s.scalars(
-                select(Job.id).where(
-                    Job.validated_at.is_(None),
-                    Job.status.in_(ACTIVE),
-                    (Job.validation_heartbeat_at.is_(None)) | (Job.validation_heartbeat_at < cutoff),
-                )
-            )
-        )
+        return list(s.scalars(query.order_by(Job.created_at).limit(limit)))
 
 
 @dataclass

@@ -254,3 +254,27 @@ def test_request_counts_move_per_request_while_a_shard_runs(unserved):
 def _progress(settings, job_id) -> int:
     with session_scope(settings.database_url) as s:
         return job_progress(settings, s.get(Job, job_id), session=s).completed
+
+
+def test_an_api_process_resumes_a_job_its_dead_peer_never_validated(unserved):
+    app, client, settings = unserved
+    from store import files, jobs
+
+    upload = {"file": (io.BytesIO(jsonl([chat_line(f"x{i}", "hi") for i in range(5)])), "in.jsonl"), "purpose": "batch"}
+    file_id = client.post("/v1/files", data=upload, content_type="multipart/form-data").get_json()["id"]
+    input_file = files.get_file(settings, settings.default_tenant, file_id)
+    job, _owner = jobs.create_job(settings, input_file, tenant=settings.default_tenant, model=MODEL,
+                                  on_invalid_lines="skip")  # fmt: skip
+    # the process that created it died before validating a line
+    with session_scope(settings.database_url) as s:
+        s.execute(update(Job).where(Job.id == job.id).values(validation_heartbeat_at=utcnow() - timedelta(hours=1)))
+    pool = app.extensions["pagedbatch"].validations
+    for _ in range(10):  # older stale jobs of other tests may come first
+        assert pool.resume_stale() >= 1
+        assert pool.wait(30)
+        if _validated(settings, job.id):
+            break
+    done = client.get(f"/v1/jobs/{job.id}").get_json()
+    assert done["status"] == "in_progress" and done["request_counts"]["valid"] == 5
+    assert sorted(x["custom_id"] for x in _shard_lines(settings, job.id)) == [f"x{i}" for i in range(5)]
+    client.post(f"/v1/jobs/{job.id}/cancel")

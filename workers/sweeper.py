@@ -164,10 +164,11 @@ _resuming = threading.BoundedSemaphore(1)  # validations this process resumes at
 
 
 def _resume_stale_validations(settings: Settings) -> int:
-    """Jobs whose validator died (its API process stopped): validated on, one at a time, on a thread of
-    this process (`store.validating` skips the lines already committed)."""
+    """Jobs whose validator died (its API process stopped) and whose model this worker knows: validated on,
+    one at a time, on a thread of this process (`store.validating` skips the lines already committed). The
+    API processes resume them too, those of every model (`api.validations`)."""
     started = 0
-    for job_id in stale_validations(settings):
+    for job_id in stale_validations(settings, models=list(settings.models), limit=1):
         if not _resuming.acquire(blocking=False):
             break
         owner = f"sweeper-{WORKER_ID}-{uuid.uuid4().hex[:8]}"
