@@ -144,6 +144,8 @@ def validate_job(settings: Settings, job_id: str, owner: str, enqueue: Enqueue) 
                 if line <= run.done_lines:  # committed by an earlier validator: only counted
                     run.total += 1
                     run.invalid += isinstance(item, BadLine)
+                    if time.monotonic() - run.beat > HEARTBEAT_S:
+                        _heartbeat(settings, run)
                     continue
                 _take(settings, run, item, line, enqueue)
         _checkpoint(settings, run, enqueue)
