@@ -24,7 +24,7 @@ class Platform:
 
 def install(app: Flask, settings: Settings) -> None:
     platform = app.extensions[EXTENSION] = Platform(settings)
-    app.before_request(platform.validations.start)  # in each serving process, after gunicorn forked
+    app.before_request(platform.validations.start_resumer)  # in each serving process, after gunicorn forked
 
 
 def settings() -> Settings:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -23,6 +24,8 @@ from store.validating import claim_validation, run_validation, stale_validations
 log = logging.getLogger(__name__)
 
 RESUME_S = 20.0  # how often an API process looks for validations whose validator died
+_resumers: dict[str, threading.Thread] = {}  # database url -> this process's resumer thread
+_resumers_lock = threading.Lock()
 
 
 class ValidationPool:
@@ -36,22 +39,24 @@ class ValidationPool:
     def size(self) -> int:
         return max(self.settings.max_concurrent_validations, 1)
 
-    def start(self) -> None:
-        """The threads, and the resumer of dead validations (idempotent; cheap once started)."""
-        if self._pool is not None:
+    def start_resumer(self) -> None:
+        """Start this process's resumer of dead validations for this database, once (cheap after that:
+        every request calls it, so that it runs in each gunicorn worker, after the fork)."""
+        key = self.settings.database_url
+        if key in _resumers:
             return
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.size, thread_name_prefix="validate")
-                self._stop = threading.Event()
-                threading.Thread(target=self._resume_loop, name="resume-validations", daemon=True).start()
+        with _resumers_lock:
+            if key not in _resumers:
+                _resumers[key] = threading.Thread(target=self._resume_loop, name="resume-validations", daemon=True)
+                _resumers[key].start()
 
     def _resume_loop(self) -> None:
-        while not self._stop.wait(RESUME_S):
+        while True:
+            time.sleep(RESUME_S)
             try:
                 self.resume_stale()
-            except Exception:  # noqa: BLE001 - the database is down: try again next time
-                log.warning("looking for stale validations failed", exc_info=True)
+            except Exception as exc:  # noqa: BLE001 - the database is down: try again next time
+                log.warning("looking for stale validations failed: %s", type(exc).__name__)
 
     def resume_stale(self) -> int:
         """Claim jobs whose validator died, as many as this pool has idle threads; returns how many."""
@@ -69,7 +74,9 @@ class ValidationPool:
         return claimed
 
     def submit(self, job_id: str, owner: str):
-        self.start()
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.size, thread_name_prefix="validate")
         enqueue = partial(enqueue_shards, self.settings)
         future = self._pool.submit(run_validation, self.settings, job_id, owner, enqueue)
         with self._lock:
@@ -90,6 +97,5 @@ class ValidationPool:
     def shutdown(self, wait: bool = True) -> None:
         with self._lock:
             if self._pool is not None:
-                self._stop.set()
                 self._pool.shutdown(wait=wait)
                 self._pool = None

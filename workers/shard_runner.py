@@ -11,7 +11,6 @@ unfinished shards and hands them back.
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import logging
 import queue
 import socket
@@ -24,13 +23,14 @@ from sqlalchemy.exc import DBAPIError
 from batchfile.shard_input import decode_request
 from store.cancel import stop_reason
 from store.finalize import maybe_finalize
-from store.results.parquet import ResultCounts, count_results
+from store.results.parquet import count_results
 from store.results.parts import results_store
 from store.results.rows import cancelled_row, completed_row, expired_row, request_failed_row
 from store.settings import Settings
-from store.shards import claim_shard, finish_shard, owns_shard, release_shard, report_progress
+from store.shards import claim_shard, finish_shard, owns_shard, release_shard
 from store.storage import get_storage
 from workers import leases
+from workers.progress import board as progress_board
 from workers.sweeper import Recovery
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,6 @@ log = logging.getLogger(__name__)
 WORKER_NAME = socket.gethostname()
 ENGINE_ERROR = "engine_error"
 ATTEMPTS_EXHAUSTED = "shard_attempts_exhausted"
-PROGRESS_S = 1.0  # a running shard records its counts at most this often
 DB_RETRY_S = 60.0  # how long a finished shard waits for the database to come back before giving up
 
 DONE, CANCELLED, SKIPPED, RELEASED, LOST = "done", "cancelled", "skipped", "released", "lost"
@@ -185,8 +184,11 @@ def _run_in_engine(settings: Settings, host, watcher, shard_id: str, claim, requ
                 attempt.started[request_id] = now
                 attempt.futures[request_id] = future
                 future.add_done_callback(lambda _f, rid=request_id: attempt.on_done(rid))
-        progress = _ProgressReporter(settings, shard_id, claim.attempt)
-        _write_as_finished(attempt, part, shard_id, claim.job_created_at, host.tokenizer, progress)
+        progress = progress_board.track(settings, shard_id, claim.attempt)
+        try:
+            _write_as_finished(attempt, part, shard_id, claim.job_created_at, host.tokenizer, progress)
+        finally:
+            progress.close()
     finally:
         with _in_flight_lock:
             _in_flight.pop(shard_id, None)
@@ -195,48 +197,11 @@ def _run_in_engine(settings: Settings, host, watcher, shard_id: str, claim, requ
     return attempt
 
 
-class _ProgressReporter:
-    """The shard's counts so far, written to its row at most every PROGRESS_S (the job's request_counts
-    move per request, not per shard)."""
-
-    def __init__(self, settings: Settings, shard_id: str, attempt: int):
-        self.settings, self.shard_id, self.attempt = settings, shard_id, attempt
-        self.counts = ResultCounts()
-        self.reported = ResultCounts()
-        self.last = 0.0
-
-    def add(self, row: dict) -> None:
-        status = row["status"]
-        setattr(self.counts, status, getattr(self.counts, status) + 1)
-        if status == "completed":
-            self.counts.prompt_tokens += row["prompt_tokens"] or 0
-            self.counts.completion_tokens += row["completion_tokens"] or 0
-        if time.monotonic() - self.last >= PROGRESS_S:
-            self.flush()
-
-    def flush_if_behind(self) -> None:
-        if self.counts != self.reported:
-            self.flush()
-
-    def flush(self) -> None:
-        self.last = time.monotonic()
-        self.reported = dataclasses.replace(self.counts)
-        try:
-            report_progress(self.settings, self.shard_id, self.attempt, self.counts)
-        except DBAPIError:  # progress is a hint; the part holds the truth
-            log.warning("shard %s: progress not recorded", self.shard_id, exc_info=True)
-
-
 def _write_as_finished(attempt: _Attempt, part, shard_id: str, created_at, tokenizer, progress) -> None:
     """Each finished request's row goes to the part (completed, or failed in the engine); its output is
     dropped at once. Aborted requests (their future resolved to None) are left for the caller."""
     for _ in range(len(attempt.futures)):
-        while True:
-            try:
-                request_id = attempt.done.get(timeout=PROGRESS_S)
-                break
-            except queue.Empty:  # nothing finished for a while: record what did since the last report
-                progress.flush_if_behind()
+        request_id = attempt.done.get()
         row = _row(attempt, request_id, attempt.futures.pop(request_id), shard_id, created_at, tokenizer)
         if row is not None:
             part.add(row)
