@@ -143,6 +143,12 @@ def test_errors_are_openai_shaped(client):
     r = client.get("/v1/jobs/batch_doesnotexist")
     assert r.status_code == 404
     assert set(r.get_json()["error"]) == {"message", "type", "param", "code"}
+    assert r.headers["x-request-id"].startswith("req_")  # on every response, errors included
+    assert client.get("/v1/jobs", headers={"X-Request-Id": "proxy-42"}).headers["x-request-id"] == "proxy-42"
+    from flask.testing import FlaskClient
+
+    unauthenticated = FlaskClient(client.application).get("/v1/jobs")
+    assert unauthenticated.status_code == 401 and unauthenticated.headers["x-request-id"].startswith("req_")
     assert client.post("/v1/jobs", data=b"x", content_type="text/csv").status_code == 415
     r = client.post(
         "/v1/batches",
