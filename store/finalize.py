@@ -21,6 +21,7 @@ from store.models import (
     CANCELLING,
     COMPLETED,
     EXPIRED,
+    FAILED,
     FINALIZING,
     IN_PROGRESS,
     SHARD_CANCELLED,
@@ -126,13 +127,17 @@ def _write_never_run_part(
         s.get(Shard, shard_id).part_key = path
 
 
-def finalize_failed(settings: Settings, job_id: str) -> None:
-    """A job that failed validation: its counts and error file (the job is already `failed`)."""
+def finalize_failed(settings: Settings, job_id: str, *, mark_failed: bool = False) -> None:
+    """A job that failed validation: its counts and error file. With `mark_failed` the job turns `failed`
+    only now, with them (a poll never sees it failed without its error file); else it is already."""
     with session_scope(settings.database_url) as s:
         tenant = s.get(Job, job_id).tenant
     counts, _, error_file = _write_final_files(settings, job_id, tenant, output=False)
     with session_scope(settings.database_url) as s:
-        job = s.get(Job, job_id)
+        job = s.get(Job, job_id, with_for_update=True)
+        if mark_failed:
+            now = utcnow()
+            job.status, job.failed_at, job.validated_at = FAILED, now, job.validated_at or now
         _set_counts(job, counts)
         job.error_file_id = error_file.id if error_file else None
         set_output_expiry(s, job)

@@ -246,7 +246,7 @@ def _finish(settings: Settings, run: _Run, enqueue: Enqueue) -> None:
         if job.validation_owner != run.owner:
             raise ValidationLost
         now = utcnow()
-        job.validated_at = job.validation_heartbeat_at = now
+        job.validation_heartbeat_at = now
         job.request_total, job.invalid_lines = run.total, run.invalid
         if run.total == 0:
             job.errors = [*(job.errors or []), dict(EMPTY_FILE_ERROR)]
@@ -260,15 +260,15 @@ def _finish(settings: Settings, run: _Run, enqueue: Enqueue) -> None:
             else:
                 shard.status = SHARD_QUEUED
                 to_run.append((shard.id, shard.model))
-        if failed:
-            job.status, job.failed_at = FAILED, now
-        elif not stopping:
-            job.in_progress_at = job.in_progress_at or now
-            job.status = IN_PROGRESS
-        elif job.in_progress_at is None:
-            job.in_progress_at = now
+        if not failed:  # a failed job is marked validated and failed once its error file is written
+            job.validated_at = now
+            if not stopping:
+                job.in_progress_at = job.in_progress_at or now
+                job.status = IN_PROGRESS
+            elif job.in_progress_at is None:
+                job.in_progress_at = now
     if failed:
-        finalize_failed(settings, run.job_id)
+        finalize_failed(settings, run.job_id, mark_failed=True)
         return
     if to_run:
         _enqueue(enqueue, run.job_id, to_run)
