@@ -82,6 +82,7 @@ def test_shards_are_enqueued_while_the_file_is_still_validating(unserved, monkey
         gate.set()
     job = validated(client, r)
     assert job["shards"] == 3 and job["request_counts"]["valid"] == 20 and len(sent) == 3
+    client.post(f"/v1/jobs/{job['id']}/cancel")  # no shard is left queued for another test's worker
 
 
 def test_batches_fail_a_file_with_invalid_lines_and_skip_is_an_option(unserved):
@@ -113,7 +114,9 @@ def test_batches_fail_a_file_with_invalid_lines_and_skip_is_an_option(unserved):
 def test_native_jobs_skip_invalid_lines_unless_told_to_fail(unserved):
     app, client, settings = unserved
     lines = [chat_line("a", "x"), "{broken"]
-    assert validated(client, _post(client, lines))["status"] == "in_progress"
+    running = validated(client, _post(client, lines))
+    assert running["status"] == "in_progress" and running["request_counts"]["invalid"] == 1
+    client.post(f"/v1/jobs/{running['id']}/cancel")
     failed = validated(client, _post(client, lines, on_invalid_lines="fail"))
     assert failed["status"] == "failed" and failed["request_counts"]["invalid"] == 1
     assert _post(client, lines, on_invalid_lines="x").status_code == 400
@@ -196,8 +199,10 @@ def test_the_validation_pool_bounds_concurrency(platform, monkeypatch):
     monkeypatch.setattr(validating, "validate_job", counted)
     created = [_post(client, [chat_line("a", "x")]) for _ in range(3)]
     assert all(r.get_json()["status"] == "validating" for r in created)
-    assert all(validated(client, r)["status"] == "in_progress" for r in created)
-    assert peak[0] == 1
+    jobs = [validated(client, r) for r in created]
+    assert all(job["status"] == "in_progress" for job in jobs) and peak[0] == 1
+    for job in jobs:
+        client.post(f"/v1/jobs/{job['id']}/cancel")
 
 
 class OneByOneHost:
