@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Flask
 
-from api import dashboard, log_context, metrics, platform
+from api import dashboard, log_context, metrics, platform, request_ids
 from api.auth import authenticate
 from api.errors import register_error_handlers
 from api.routes import jobs, meta, openai_batch
@@ -28,6 +28,7 @@ def create_app(settings: Settings | None = None, *, warm: bool = True) -> Flask:
     platform.install(app, settings)
     register_error_handlers(app)
     metrics.install(app)  # /metrics, and every request timed and counted
+    request_ids.install(app)  # x-request-id on every response
     app.before_request(authenticate)  # every route but /healthz, /openapi.json and /metrics needs an API key
     log_context.install(app)  # log lines carry the tenant and job id
     app.register_blueprint(meta.bp)

@@ -239,6 +239,11 @@ class BatchCreate(ApiObject):
     completion_window: Literal[COMPLETION_WINDOWS]
     metadata: Metadata = None
     output_expires_after: ExpiresAfter | None = None
+    on_invalid_lines: Literal["fail", "skip"] = Field(
+        "fail",
+        description="pagedbatch's option: `fail` (OpenAI's behaviour) fails a file with any invalid line at "
+        "validation; `skip` runs the valid lines and reports the others in the error file",
+    )
 
 
 RESPONSE_OBJECTS: tuple[type[ApiObject], ...] = (

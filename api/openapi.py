@@ -12,7 +12,7 @@ import functools
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
 from api.objects import METADATA_PAIRS, REQUEST_OBJECTS, RESPONSE_OBJECTS
-from store.models import JOB_STATUSES
+from store.models import INVALID_LINE_POLICIES, JOB_STATUSES
 
 
 class _ComponentSchema(GenerateJsonSchema):
@@ -101,6 +101,9 @@ def _meta_paths() -> dict:
     }
 
 
+INVALID_LINES = {"type": "string", "enum": list(INVALID_LINE_POLICIES)}
+
+
 def _create_job() -> dict:
     raw_body = "With a raw body: "
     body = _multipart(
@@ -110,6 +113,7 @@ def _create_job() -> dict:
             "model": {"type": "string"},
             "defaults": {"type": "string", "description": "JSON object"},
             "metadata": {"type": "string", "description": "JSON object of string pairs"},
+            "on_invalid_lines": INVALID_LINES,
         },
     )
     body["content"]["application/x-ndjson"] = {"schema": JSONL_FILE}
@@ -117,12 +121,14 @@ def _create_job() -> dict:
         "Create a job from a JSONL upload",
         ("201", _json(_ref("Job"), "Created")),
         {**ERRORS, **LIMITED, **TOO_LARGE, "415": "Unsupported content type"},
-        description="Each line is validated; bad lines become errors with their line numbers. "
-        "A job whose every line is bad fails.",
+        description="Answers at once, `validating`; each line is then validated in the background and the "
+        "valid ones start running while the rest is read. Bad lines become errors with their line numbers "
+        "(`on_invalid_lines=fail`: the job fails instead). A job whose every line is bad fails.",
         parameters=[
             _query("model", {"type": "string"}, raw_body + "the model serving every line"),
             _query("defaults", {"type": "string"}, raw_body + "JSON object of default body fields"),
             _query("metadata", {"type": "string"}, raw_body + f"JSON object of up to {METADATA_PAIRS} string pairs"),
+            _query("on_invalid_lines", INVALID_LINES, raw_body + "skip (the default) or fail"),
         ],
         requestBody=body,
     )

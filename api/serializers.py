@@ -46,12 +46,13 @@ def _line_errors(job: Job) -> list[objects.LineError]:
 
 
 def batch_object(job: Job, progress: Progress) -> objects.Batch:
-    """OpenAI's Batch. Lines that failed validation count as failed requests."""
+    """OpenAI's Batch. Lines that failed validation and cancelled requests count as failed requests, so
+    that `completed` and `failed` are the lines of the output and error files."""
     errors = _line_errors(job)
     return objects.Batch(
         id=job.id,
         endpoint=job.endpoint or "/v1/chat/completions",
-        model=job.model,
+        model=job.model or job.served_model,
         errors=objects.BatchErrors(data=errors) if errors else None,
         input_file_id=job.input_file_id,
         completion_window=job.completion_window,
@@ -60,7 +61,10 @@ def batch_object(job: Job, progress: Progress) -> objects.Batch:
         error_file_id=job.error_file_id,
         **_timestamps(job),
         request_counts=objects.BatchRequestCounts(
-            total=job.request_total, completed=progress.completed, failed=progress.failed + job.invalid_lines
+            # every line of the error file: failed running, invalid, cancelled or expired unrun
+            total=job.request_total,
+            completed=progress.completed,
+            failed=progress.failed + progress.cancelled + job.invalid_lines,
         ),
         usage=objects.BatchUsage(
             input_tokens=progress.prompt_tokens,

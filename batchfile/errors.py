@@ -39,6 +39,7 @@ class LineError:
     custom_id: str | None
     code: str
     message: str
+    param: str | None = None  # the field at fault (OpenAI's error `param`), when one is
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -47,9 +48,9 @@ class LineError:
 class InvalidLine(Exception):
     """Raised while a line is validated; the parser turns it into that line's `LineError`."""
 
-    def __init__(self, code: str, message: str):
+    def __init__(self, code: str, message: str, param: str | None = None):
         super().__init__(message)
-        self.code, self.message = code, message
+        self.code, self.message, self.param = code, message, param
 
 
 class InputTooLarge(ValueError):

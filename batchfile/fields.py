@@ -23,43 +23,49 @@ def type_name(value) -> str:
 
 def as_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidLine(INVALID_PARAMETER, f"{name} must be an integer, got {type_name(value)} {value!r:.40}")
+        raise InvalidLine(
+            INVALID_PARAMETER, f"{name} must be an integer, got {type_name(value)} {value!r:.40}", param=name
+        )
     return value
 
 
 def as_float(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidLine(INVALID_PARAMETER, f"{name} must be a number, got {type_name(value)} {value!r:.40}")
+        raise InvalidLine(
+            INVALID_PARAMETER, f"{name} must be a number, got {type_name(value)} {value!r:.40}", param=name
+        )
     value = float(value)
     if not math.isfinite(value):
-        raise InvalidLine(INVALID_PARAMETER, f"{name} must be a finite number")
+        raise InvalidLine(INVALID_PARAMETER, f"{name} must be a finite number", param=name)
     return value
 
 
 def as_bool(name: str, value) -> bool:
     if not isinstance(value, bool):
-        raise InvalidLine(INVALID_PARAMETER, f"{name} must be true or false, got {type_name(value)}")
+        raise InvalidLine(INVALID_PARAMETER, f"{name} must be true or false, got {type_name(value)}", param=name)
     return value
 
 
 def as_stop(name: str, value) -> list[str] | None:
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise InvalidLine(INVALID_PARAMETER, f"{name} must be a non-empty string or a list of non-empty strings")
+        raise InvalidLine(
+            INVALID_PARAMETER, f"{name} must be a non-empty string or a list of non-empty strings", param=name
+        )
     return stops or None
 
 
 def as_token_ids(name: str, value) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-        raise InvalidLine(INVALID_PARAMETER, f"{name} must be a list of integers")
+        raise InvalidLine(INVALID_PARAMETER, f"{name} must be a list of integers", param=name)
     if not all(0 <= t <= MAX_INT32 for t in value):
-        raise InvalidLine(INVALID_PARAMETER, f"{name} must be token ids in [0, {MAX_INT32}]")
+        raise InvalidLine(INVALID_PARAMETER, f"{name} must be token ids in [0, {MAX_INT32}]", param=name)
     return value
 
 
 def in_range(name: str, value, low, high):
     if not low <= value <= high:
-        raise InvalidLine(INVALID_PARAMETER, f"{name} must be in [{low}, {high}], got {value}")
+        raise InvalidLine(INVALID_PARAMETER, f"{name} must be in [{low}, {high}], got {value}", param=name)
     return value
 
 

@@ -87,7 +87,7 @@ class _Chunk:
                 try:
                     yield finish(item)
                 except InvalidLine as e:
-                    yield LineError(item.line, item.custom_id, e.code, e.message)
+                    yield LineError(item.line, item.custom_id, e.code, e.message, e.param)
 
 
 def _batches(items: Iterator, size: int) -> Iterator[list]:

@@ -4,11 +4,15 @@ output and error files."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib.metadata
 import math
 import time
 import uuid
 
 from batchfile.request import ParsedRequest
+from batchfile.token_text import text_pieces, token_bytes, token_label
 
 
 def _logprob(entry) -> float:
@@ -17,44 +21,73 @@ def _logprob(entry) -> float:
     return -9999.0 if value == -math.inf or math.isnan(value) else float(value)
 
 
-def _token_text(tokenizer, token_id: int) -> str:
+def _token_text(token_id: int) -> str:
+    return f"token_id:{token_id}"  # without a tokenizer
+
+
+def _pieces(choice, tokenizer, skip_special_tokens: bool) -> list[str]:
     if tokenizer is None:
-        return f"token_id:{token_id}"
-    decode = getattr(tokenizer, "token_text", None) or (lambda t: tokenizer.decode([t]))
-    return decode(token_id)
+        return [_token_text(t) for t in choice.token_ids]
+    return text_pieces(tokenizer, list(choice.token_ids), choice.text, skip_special_tokens=skip_special_tokens)
 
 
-def _chat_logprobs(choice, k: int, tokenizer) -> dict:
+def _bytes(tokenizer, token_id: int) -> list[int]:
+    return list(_token_text(token_id).encode() if tokenizer is None else token_bytes(tokenizer, token_id))
+
+
+def _label(tokenizer, token_id: int) -> str:
+    return _token_text(token_id) if tokenizer is None else token_label(tokenizer, token_id)
+
+
+def _best(top: dict, k: int) -> list:
+    return sorted(top.items(), key=lambda kv: (-kv[1].logprob, kv[0]))[:k]
+
+
+def _chat_logprobs(choice, k: int, tokenizer, skip_special_tokens: bool = True) -> dict:
+    """Each token's piece of the content (they join into it), its real bytes, and the `k` most
+    likely tokens at its position."""
     content = []
-    for token_id, top in zip(choice.token_ids, choice.logprobs or []):
-        text = _token_text(tokenizer, token_id)
-        best = sorted(top.items(), key=lambda kv: -kv[1].logprob)[:k]
-        alternatives = []
-        for tid, lp in best:
-            alt = _token_text(tokenizer, tid)
-            alternatives.append({"token": alt, "logprob": _logprob(lp), "bytes": list(alt.encode("utf-8"))})
+    pieces = _pieces(choice, tokenizer, skip_special_tokens)
+    for token_id, top, piece in zip(choice.token_ids, choice.logprobs or [], pieces):
+        alternatives = [
+            {"token": _label(tokenizer, tid), "logprob": _logprob(lp), "bytes": _bytes(tokenizer, tid)}
+            for tid, lp in _best(top, k)
+        ]
         content.append({
-            "token": text,
+            "token": piece,
             "logprob": _logprob(top.get(token_id)),
-            "bytes": list(text.encode("utf-8")),
+            "bytes": _bytes(tokenizer, token_id),
             "top_logprobs": alternatives,
         })  # fmt: skip
     return {"content": content, "refusal": None}
 
 
-def _completion_logprobs(choice, k: int, tokenizer) -> dict:
-    tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+def _top_map(tokenizer, top: dict, k: int, sampled: int) -> dict:
+    """OpenAI's completions `top_logprobs` at one position: the `k` most likely tokens and the sampled
+    one (so k or k + 1 entries), each under its own key: two tokens that read alike (say two byte
+    tokens) are never merged, the later one is keyed by its id."""
+    chosen = _best(top, k)
+    if sampled in top and all(tid != sampled for tid, _ in chosen):
+        chosen.append((sampled, top[sampled]))
+    out: dict[str, float] = {}
+    for tid, lp in chosen:
+        key = _label(tokenizer, tid)
+        out[key if key not in out else _token_text(tid)] = _logprob(lp)
+    return out
+
+
+def _completion_logprobs(choice, k: int, tokenizer, skip_special_tokens: bool = True) -> dict:
+    tokens = _pieces(choice, tokenizer, skip_special_tokens)  # they join into the text
+    token_logprobs, top_logprobs, offsets = [], [], []
     offset = 0
-    for token_id, top in zip(choice.token_ids, choice.logprobs or []):
-        text = _token_text(tokenizer, token_id)
-        tokens.append(text)
+    for token_id, top, piece in zip(choice.token_ids, choice.logprobs or [], tokens):
         token_logprobs.append(_logprob(top.get(token_id)))
-        best = sorted(top.items(), key=lambda kv: -kv[1].logprob)[:k]
-        top_logprobs.append({_token_text(tokenizer, tid): _logprob(lp) for tid, lp in best})
+        top_logprobs.append(_top_map(tokenizer, top, k, token_id))
         offsets.append(offset)
-        offset += len(text)
+        offset += len(piece)
+    n = len(offsets)
     return {
-        "tokens": tokens,
+        "tokens": tokens[:n],
         "token_logprobs": token_logprobs,
         "top_logprobs": top_logprobs,
         "text_offset": offsets,
@@ -64,12 +97,27 @@ def _completion_logprobs(choice, k: int, tokenizer) -> dict:
 def _usage(output) -> dict:
     prompt = len(output.prompt_token_ids or [])
     completion = sum(len(c.token_ids) for c in output.outputs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": min(getattr(output, "num_cached_tokens", 0) or 0, prompt)},
+    }
+
+
+@functools.cache
+def system_fingerprint(model: str) -> str:
+    """Names the serving configuration (this build and the model), as OpenAI's `system_fingerprint`."""
+    try:
+        version = importlib.metadata.version("pagedbatch")
+    except importlib.metadata.PackageNotFoundError:
+        version = "dev"
+    return "fp_" + hashlib.sha256(f"pagedbatch {version} {model}".encode()).hexdigest()[:10]
 
 
 def chat_completion_body(
     output, *, model: str, logprobs: int | None = None, tokenizer=None,
-    created: int | None = None, response_id: str | None = None,
+    created: int | None = None, response_id: str | None = None, skip_special_tokens: bool = True,
 ) -> dict:  # fmt: skip
     """OpenAI ``chat.completion`` object for an engine `RequestOutput`.
 
@@ -78,10 +126,12 @@ def chat_completion_body(
     """
     choices = []
     for c in sorted(output.outputs, key=lambda c: c.index):
-        lp = _chat_logprobs(c, logprobs, tokenizer) if logprobs is not None and c.logprobs is not None else None
+        lp = None
+        if logprobs is not None and c.logprobs is not None:
+            lp = _chat_logprobs(c, logprobs, tokenizer, skip_special_tokens)
         choices.append({
             "index": c.index,
-            "message": {"role": "assistant", "content": c.text},
+            "message": {"role": "assistant", "content": c.text, "refusal": None},
             "finish_reason": c.finish_reason,
             "logprobs": lp,
         })  # fmt: skip
@@ -92,18 +142,20 @@ def chat_completion_body(
         "model": model,
         "choices": choices,
         "usage": _usage(output),
-        "system_fingerprint": None,
+        "system_fingerprint": system_fingerprint(model),
     }
 
 
 def text_completion_body(
     output, *, model: str, logprobs: int | None = None, tokenizer=None,
-    created: int | None = None, response_id: str | None = None,
+    created: int | None = None, response_id: str | None = None, skip_special_tokens: bool = True,
 ) -> dict:  # fmt: skip
     """OpenAI ``text_completion`` object for an engine `RequestOutput`."""
     choices = []
     for c in sorted(output.outputs, key=lambda c: c.index):
-        lp = _completion_logprobs(c, logprobs, tokenizer) if logprobs is not None and c.logprobs is not None else None
+        lp = None
+        if logprobs is not None and c.logprobs is not None:
+            lp = _completion_logprobs(c, logprobs, tokenizer, skip_special_tokens)
         choices.append({"index": c.index, "text": c.text, "finish_reason": c.finish_reason, "logprobs": lp})
     return {
         "id": response_id or f"cmpl-{uuid.uuid4().hex}",
@@ -112,7 +164,7 @@ def text_completion_body(
         "model": model,
         "choices": choices,
         "usage": _usage(output),
-        "system_fingerprint": None,
+        "system_fingerprint": system_fingerprint(model),
     }
 
 
@@ -125,6 +177,7 @@ def response_body(request: ParsedRequest, output, *, tokenizer=None, created: in
         logprobs=request.sampling_params.logprobs,
         tokenizer=tokenizer,
         created=created,
+        skip_special_tokens=request.sampling_params.skip_special_tokens,
     )
 
 

@@ -25,6 +25,7 @@ from engine.sampling_params import SamplingParams
 class GoodLine:
     model: str
     shard_line: str  # a JSON line for the shard input file
+    line: int = 0  # its line number in the input
 
 
 @dataclass
@@ -37,7 +38,7 @@ class BadLine:
         return {
             "code": self.error.code,
             "message": self.error.message,
-            "param": None,
+            "param": self.error.param,
             "line": self.error.line,
         }
 
@@ -58,9 +59,9 @@ def validate_stream(
             yield BadLine(item)
         elif endpoint is not None and item.url != endpoint:
             message = f"url {item.url} does not match the batch's endpoint {endpoint}"
-            yield BadLine(LineError(item.line, item.custom_id, INVALID_URL, message))
+            yield BadLine(LineError(item.line, item.custom_id, INVALID_URL, message, "url"))
         else:
-            yield GoodLine(item.model, encode_request(item))
+            yield GoodLine(item.model, encode_request(item), item.line)
 
 
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode

@@ -126,7 +126,8 @@ class LineValidator:
             custom_id, obj = self._envelope(content)
             return self._check(line, custom_id, obj)
         except InvalidLine as e:
-            return LineError(line, custom_id, e.code, e.message)
+            # a repeated custom_id already has its one result line: the repeat's error line names none
+            return LineError(line, None if e.code == DUPLICATE_CUSTOM_ID else custom_id, e.code, e.message, e.param)
 
     def _envelope(self, content: bytes) -> tuple[str, dict]:
         obj = _parse_json(content)
@@ -135,26 +136,27 @@ class LineValidator:
         custom_id = obj.get("custom_id")
         if not isinstance(custom_id, str):
             why = "missing" if custom_id is None else f"must be a string, got {type_name(custom_id)}"
-            raise InvalidLine(INVALID_CUSTOM_ID, f"custom_id {why}")
+            raise InvalidLine(INVALID_CUSTOM_ID, f"custom_id {why}", "custom_id")
         if not custom_id.strip():
-            raise InvalidLine(INVALID_CUSTOM_ID, "custom_id must not be empty")
+            raise InvalidLine(INVALID_CUSTOM_ID, "custom_id must not be empty", "custom_id")
         if len(custom_id) > MAX_CUSTOM_ID_LENGTH:
-            raise InvalidLine(INVALID_CUSTOM_ID, f"custom_id is longer than {MAX_CUSTOM_ID_LENGTH} characters")
+            message = f"custom_id is longer than {MAX_CUSTOM_ID_LENGTH} characters"
+            raise InvalidLine(INVALID_CUSTOM_ID, message, "custom_id")
         return custom_id, obj
 
     def _check(self, line: int, custom_id: str, obj: dict) -> Pending:
         if custom_id in self.seen:
-            raise InvalidLine(DUPLICATE_CUSTOM_ID, f"duplicate custom_id {custom_id!r:.80}")
+            raise InvalidLine(DUPLICATE_CUSTOM_ID, f"duplicate custom_id {custom_id!r:.80}", "custom_id")
         self.seen.add(custom_id)
         method = obj.get("method")
         if method != "POST":
-            raise InvalidLine(INVALID_METHOD, f'method must be "POST", got {method!r:.40}')
+            raise InvalidLine(INVALID_METHOD, f'method must be "POST", got {method!r:.40}', "method")
         url = obj.get("url")
         if url not in URLS:
-            raise InvalidLine(INVALID_URL, f"url must be one of {', '.join(URLS)}, got {url!r:.80}")
+            raise InvalidLine(INVALID_URL, f"url must be one of {', '.join(URLS)}, got {url!r:.80}", "url")
         raw_body = obj.get("body")
         if not isinstance(raw_body, dict):
-            raise InvalidLine(INVALID_REQUEST, f"body must be a JSON object, got {type_name(raw_body)}")
+            raise InvalidLine(INVALID_REQUEST, f"body must be a JSON object, got {type_name(raw_body)}", "body")
         body = merge_defaults(raw_body, self.defaults)
         limits = self._model(body.get("model"))
         embeddings.check_model_serves(limits, url)

@@ -21,6 +21,7 @@ from store.models import (
     CANCELLING,
     COMPLETED,
     EXPIRED,
+    FAILED,
     FINALIZING,
     IN_PROGRESS,
     SHARD_CANCELLED,
@@ -71,6 +72,7 @@ def maybe_finalize(settings: Settings, job_id: str) -> bool:
             job.completed_at = utcnow()
         elif plan.target == CANCELLED:
             job.cancelled_at = utcnow()
+            job.finalizing_at = None  # OpenAI's cancelled batch never finalized
     return True
 
 
@@ -105,8 +107,8 @@ def _start(settings: Settings, job_id: str) -> _Finalization | None:
 def _finalizable(job: Job) -> bool:
     if job.status not in (IN_PROGRESS, CANCELLING, FINALIZING):
         return False
-    if job.status == CANCELLING and job.in_progress_at is None:
-        return False  # cancelled while validating: create_job finalizes it when validation ends
+    if job.validated_at is None:
+        return False  # still validating: store.validating finalizes it when validation ends
     # `finalizing_at` marks a finalizer at work; one silent for too long is presumed dead
     return job.finalizing_at is None or utcnow() - job.finalizing_at > STALE_FINALIZE
 
@@ -125,13 +127,17 @@ def _write_never_run_part(
         s.get(Shard, shard_id).part_key = path
 
 
-def finalize_failed(settings: Settings, job_id: str) -> None:
-    """A job that failed validation: its counts and error file (the job is already `failed`)."""
+def finalize_failed(settings: Settings, job_id: str, *, mark_failed: bool = False) -> None:
+    """A job that failed validation: its counts and error file. With `mark_failed` the job turns `failed`
+    only now, with them (a poll never sees it failed without its error file); else it is already."""
     with session_scope(settings.database_url) as s:
         tenant = s.get(Job, job_id).tenant
     counts, _, error_file = _write_final_files(settings, job_id, tenant, output=False)
     with session_scope(settings.database_url) as s:
-        job = s.get(Job, job_id)
+        job = s.get(Job, job_id, with_for_update=True)
+        if mark_failed:
+            now = utcnow()
+            job.status, job.failed_at, job.validated_at = FAILED, now, job.validated_at or now
         _set_counts(job, counts)
         job.error_file_id = error_file.id if error_file else None
         set_output_expiry(s, job)
@@ -153,7 +159,7 @@ def _write_final_files(
     store.merge(job_id)
     counts = store.count(job_id)
     output_file = error_file = None
-    if output:
+    if output and counts.completed:  # no output file of no lines (OpenAI's output_file_id is then null)
         output_file = _write_jsonl_file(
             settings, tenant, output_key(job_id), store.iter_output_jsonl(job_id), f"{job_id}_output.jsonl"
         )

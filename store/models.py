@@ -28,6 +28,12 @@ ACTIVE_STATUSES = (VALIDATING, IN_PROGRESS, FINALIZING, CANCELLING)  # count aga
 
 # Shard states.
 SHARD_QUEUED, SHARD_RUNNING, SHARD_DONE, SHARD_CANCELLED = "queued", "running", "done", "cancelled"
+SHARD_HELD = "held"  # validated, waiting for the whole file to pass (on_invalid_lines=fail)
+
+# What a job does with lines that fail validation: fail the whole job (OpenAI's /v1/batches) or run
+# the valid lines and report the others (the native /v1/jobs).
+FAIL_INVALID, SKIP_INVALID = "fail", "skip"
+INVALID_LINE_POLICIES = (FAIL_INVALID, SKIP_INVALID)
 
 
 class File(Base):
@@ -89,6 +95,16 @@ class Job(Base):
     expired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     cancelling_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     cancelled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # Validation runs in the background (store.validating), resumable: `validated_lines` input lines are
+    # committed (their shards and `validation_parts` error parts written); `validation_owner` renews
+    # `validation_heartbeat_at` while it works, and a silent one is replaced; `validated_at` marks the end.
+    on_invalid_lines: Mapped[str | None] = mapped_column(String(8), nullable=True)
+    served_model: Mapped[str | None] = mapped_column(String(256), nullable=True)  # the first valid line's
+    validated_lines: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    validation_parts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    validation_owner: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    validation_heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    validated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
     __table_args__ = (
         Index("ix_jobs_tenant_created", "tenant", "created_at", "id"),

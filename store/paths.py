@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-VALIDATION_PART = "validation"  # the results part holding a job's invalid lines, one failed row each
-
 
 def file_key(file_id: str) -> str:
     return f"files/{file_id}.jsonl"

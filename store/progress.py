@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from store.db import session_scope
 from store.jobs import tenant_job
-from store.models import CANCELLED, COMPLETED, EXPIRED, FAILED, SHARD_DONE, Job, Shard
+from store.models import CANCELLED, COMPLETED, EXPIRED, FAILED, Job, Shard
 from store.settings import Settings
 
 
@@ -21,7 +21,7 @@ class Progress:
     cancelled: int
     prompt_tokens: int
     completion_tokens: int
-    requests_done: int  # valid requests whose shard is finished
+    requests_done: int  # valid requests finished
     requests_valid: int
 
 
@@ -59,12 +59,12 @@ def job_progress(settings: Settings, job: Job, session: Session | None = None) -
 @functools.cache
 def _progress_query():
     """Built once: pollers run it many times a second."""
-    done = Shard.status == SHARD_DONE
     return select(
         func.coalesce(func.sum(Shard.completed), 0),
         func.coalesce(func.sum(Shard.failed), 0),
         func.coalesce(func.sum(Shard.cancelled), 0),
         func.coalesce(func.sum(Shard.prompt_tokens), 0),
         func.coalesce(func.sum(Shard.completion_tokens), 0),
-        func.coalesce(func.sum(Shard.request_count).filter(done), 0),
+        # finished requests, also of running shards (they record their counts as they go)
+        func.coalesce(func.sum(Shard.completed + Shard.failed + Shard.cancelled), 0),
     ).where(Shard.job_id == bindparam("job_id"))

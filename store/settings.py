@@ -69,8 +69,7 @@ class Settings:
     max_stop_strings: int = 16
     max_stop_chars: int = 1000
     max_request_output_tokens: int = 1 << 18  # n x max_tokens x (1 + logprobs per token)
-    max_concurrent_validations: int = 2  # uploads validated at once per API process; the others wait
-    validation_wait_s: float = 120.0  # how long an upload waits for a validation slot before a 503
+    max_concurrent_validations: int = 2  # jobs validated at once per API process (in the background)
     key_cache_s: float = 5.0  # how long a checked API key is trusted before the database is asked again
 
     @classmethod
@@ -99,7 +98,6 @@ class Settings:
             max_stop_chars=_env_int("PAGEDBATCH_MAX_STOP_CHARS", 1000),
             max_request_output_tokens=_env_int("PAGEDBATCH_MAX_REQUEST_OUTPUT_TOKENS", 1 << 18),
             max_concurrent_validations=_env_int("PAGEDBATCH_MAX_CONCURRENT_VALIDATIONS", 2),
-            validation_wait_s=float(env.get("PAGEDBATCH_VALIDATION_WAIT_S", "120")),
             key_cache_s=float(env.get("PAGEDBATCH_KEY_CACHE_S", "5")),
         )
         for key, value in overrides.items():
@@ -130,7 +128,6 @@ class Settings:
             "PAGEDBATCH_MAX_STOP_CHARS": str(self.max_stop_chars),
             "PAGEDBATCH_MAX_REQUEST_OUTPUT_TOKENS": str(self.max_request_output_tokens),
             "PAGEDBATCH_MAX_CONCURRENT_VALIDATIONS": str(self.max_concurrent_validations),
-            "PAGEDBATCH_VALIDATION_WAIT_S": str(self.validation_wait_s),
             "PAGEDBATCH_KEY_CACHE_S": str(self.key_cache_s),
         }
 

@@ -57,6 +57,7 @@ def claim_shard(
             return None
         job = s.get(Job, shard.job_id)
         shard.status = SHARD_RUNNING
+        shard.completed = shard.failed = shard.cancelled = shard.prompt_tokens = shard.completion_tokens = 0
         shard.attempts += 1
         shard.started_at = now
         shard.lease_until = now + timedelta(seconds=lease_s)
@@ -130,3 +131,20 @@ def finish_shard(
         shard.finished_at = utcnow()
         shard.error = None
     return True
+
+
+def report_progress(settings: Settings, shard_id: str, attempt: int, counts: ResultCounts) -> None:
+    """A running shard's counts so far (set, not added), so that a job's progress moves per request;
+    `finish_shard` then sets them from the written part. A stale attempt changes nothing."""
+    with session_scope(settings.database_url) as s:
+        s.execute(
+            update(Shard)
+            .where(Shard.id == shard_id, Shard.attempts == attempt, Shard.status == SHARD_RUNNING)
+            .values(
+                completed=counts.completed,
+                failed=counts.failed,
+                cancelled=counts.cancelled,
+                prompt_tokens=counts.prompt_tokens,
+                completion_tokens=counts.completion_tokens,
+            )
+        )

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from store.settings import Settings
-from tests.helpers import MODEL, REPO, free_port, jsonl, spawn
+from tests.helpers import MODEL, REPO, free_port, jsonl, spawn, validated
 
 PG_USER = "embedded_postgres"  # PostgreSQL refuses to run as root; the cluster runs as this user
 RECOVERY_ENV = {"PAGEDBATCH_LEASE_S": "2", "PAGEDBATCH_SWEEP_S": "0.5", "PAGEDBATCH_REQUEUE_S": "2"}
@@ -197,11 +197,11 @@ class FaultHarness:
         return client
 
     def submit(self, lines: list[dict], client=None) -> dict:
-        r = (client or self.client()).post(
-            f"/v1/jobs?model={MODEL}", data=jsonl(lines), content_type="application/x-ndjson"
-        )
+        """A native job of `lines`, once its (background) validation finished."""
+        client = client or self.client()
+        r = client.post(f"/v1/jobs?model={MODEL}", data=jsonl(lines), content_type="application/x-ndjson")
         assert r.status_code == 201, r.get_data(as_text=True)
-        return r.get_json()
+        return validated(client, r)
 
     def job(self, job_id: str) -> dict:
         return self.client().get(f"/v1/jobs/{job_id}").get_json()

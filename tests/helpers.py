@@ -127,3 +127,12 @@ def wait_for(get, statuses=("completed", "failed", "cancelled", "expired"), time
         if time.monotonic() > deadline:
             raise TimeoutError(f"still {obj['status']} after {timeout}s: {obj}")
         time.sleep(poll)
+
+
+def validated(client, response, timeout: float = 60) -> dict:
+    """The job (or batch) a create `response` returned, re-read once the app's background validation of
+    it finished (create answers `validating` at once)."""
+    assert client.application.extensions["pagedbatch"].validations.wait(timeout), "validation still running"
+    body = response.get_json()
+    path = "/v1/batches/" if body["object"] == "batch" else "/v1/jobs/"
+    return client.get(path + body["id"]).get_json()

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from batchfile.errors import REQUEST_ERROR_CODES
 from batchfile.lines import DEFAULT_MAX_LINE_BYTES
-from tests.helpers import MODEL, chat_line, completion_line, jsonl
+from tests.helpers import MODEL, chat_line, completion_line, jsonl, validated
 
 pytestmark = pytest.mark.slow  # hundreds of generated uploads
 
@@ -54,6 +54,11 @@ def create_batch(api, body: bytes, endpoint="/v1/chat/completions"):
     )
 
 
+def batch_job(api, r) -> dict:
+    """A created batch as the native job it is, once validated."""
+    return api.get(f"/v1/jobs/{validated(api, r)['id']}").get_json()
+
+
 def dumps(value) -> str:
     return json.dumps(value, allow_nan=True)
 
@@ -61,7 +66,7 @@ def dumps(value) -> str:
 def check_job(api, r, lines: int | None = None) -> dict:
     """A created job whose every bad line is a per-line error with a known code and its line number."""
     assert r.status_code == 201, (r.status_code, r.get_data()[:500])
-    job = r.get_json()
+    job = validated(api, r)
     counts = job["request_counts"]
     assert counts["total"] == counts["valid"] + counts["invalid"]
     if lines is not None:
@@ -134,7 +139,7 @@ def test_wrong_types_are_line_errors(api, field, value, face):
     else:
         r = create_batch(api, body)
         assert r.status_code == 200, r.get_json()
-        job = api.get(f"/v1/jobs/{r.get_json()['id']}").get_json()
+        job = batch_job(api, r)
         assert job["request_counts"]["total"] == 2
     assert job["request_counts"]["valid"] >= 1  # the good line stays good whatever its neighbour holds
 
@@ -182,7 +187,7 @@ def test_empty_files(api):
         job = check_job(api, r, lines=0)
         assert job["status"] == "failed" and error_codes(job) == ["empty_file"]
     r = create_batch(api, b"")
-    assert r.status_code == 200 and r.get_json()["status"] == "failed"
+    assert r.status_code == 200 and validated(api, r)["status"] == "failed"
 
 
 def test_a_huge_line_is_a_line_error(api):
@@ -231,7 +236,7 @@ def test_duplicate_ids_unknown_urls_models_and_long_prompts(api):
     ]
     r = create_batch(api, jsonl(lines), endpoint="/v1/completions")
     assert r.status_code == 200
-    batch = api.get(f"/v1/jobs/{r.get_json()['id']}").get_json()
+    batch = batch_job(api, r)
     assert error_codes(batch) == [
         "duplicate_custom_id",
         "invalid_url",

@@ -2,7 +2,7 @@
 
 import json
 
-from tests.helpers import MODEL, chat_line, completion_line, jsonl
+from tests.helpers import MODEL, chat_line, completion_line, jsonl, validated
 
 
 def _create(client, body: bytes, model=MODEL, **fields):
@@ -17,6 +17,8 @@ def test_create_job_multipart_and_raw(client):
     assert r.status_code == 201, r.get_json()
     job = r.get_json()
     assert job["object"] == "job" and job["id"].startswith("batch_") and len(job["id"]) == 30
+    assert job["status"] == "validating"  # validation runs in the background
+    job = validated(client, r)
     assert job["status"] == "in_progress"
     assert job["request_counts"] == {
         "total": 20,
@@ -32,7 +34,7 @@ def test_create_job_multipart_and_raw(client):
 
     r = client.post(f"/v1/jobs?model={MODEL}", data=body, content_type="application/x-ndjson")
     assert r.status_code == 201, r.get_json()
-    assert r.get_json()["request_counts"]["valid"] == 20
+    assert validated(client, r)["request_counts"]["valid"] == 20
     assert client.get(f"/v1/jobs/{job['id']}").get_json()["id"] == job["id"]
 
 
@@ -53,7 +55,7 @@ def test_bad_lines_become_errors_with_line_numbers(client):
     ]
     r = _create(client, jsonl(lines))
     assert r.status_code == 201
-    job = r.get_json()
+    job = validated(client, r)
     assert job["request_counts"]["valid"] == 2 and job["request_counts"]["invalid"] == 6
     by_line = {e["line"]: e["code"] for e in job["errors"]}
     assert by_line == {
@@ -66,7 +68,8 @@ def test_bad_lines_become_errors_with_line_numbers(client):
     }
     errors = [json.loads(x) for x in client.get(f"/v1/jobs/{job['id']}/errors").data.splitlines()]
     assert [e["response"]["body"]["error"]["code"] for e in errors] == [by_line[n] for n in sorted(by_line)]
-    assert [e["custom_id"] for e in errors] == [None, None, "ok-1", "u", "bad-param", "too-long"]
+    # the repeated custom_id's error line names none: "ok-1" has exactly one result line
+    assert [e["custom_id"] for e in errors] == [None, None, None, "u", "bad-param", "too-long"]
     assert all(e["response"]["status_code"] == 400 for e in errors)
 
 
@@ -79,7 +82,7 @@ def test_unknown_model_in_openai_lines(client):
 def test_all_lines_bad_fails_the_job(client):
     r = _create(client, b'{"a": 1}\nnope\n\n[1]\n')
     assert r.status_code == 201
-    job = r.get_json()
+    job = validated(client, r)
     assert job["status"] == "failed" and job["failed_at"]
     assert [e["line"] for e in job["errors"]] == [1, 2, 4]
     assert job["request_counts"]["invalid"] == 3
@@ -108,11 +111,8 @@ def test_list_jobs_pagination_and_status_filter(platform):
     ids = []
     for i in range(5):
         body = jsonl([chat_line("a", "x")]) if i % 2 == 0 else b"bad\n"
-        ids.append(
-            fresh.post(f"/v1/jobs?model={MODEL}", data=body, content_type="application/x-ndjson").get_json()[
-                "id"
-            ]
-        )
+        created = fresh.post(f"/v1/jobs?model={MODEL}", data=body, content_type="application/x-ndjson")
+        ids.append(validated(fresh, created)["id"])
     seen, after = [], None
     while True:
         page = fresh.get(
@@ -143,6 +143,12 @@ def test_errors_are_openai_shaped(client):
     r = client.get("/v1/jobs/batch_doesnotexist")
     assert r.status_code == 404
     assert set(r.get_json()["error"]) == {"message", "type", "param", "code"}
+    assert r.headers["x-request-id"].startswith("req_")  # on every response, errors included
+    assert client.get("/v1/jobs", headers={"X-Request-Id": "proxy-42"}).headers["x-request-id"] == "proxy-42"
+    from flask.testing import FlaskClient
+
+    unauthenticated = FlaskClient(client.application).get("/v1/jobs")
+    assert unauthenticated.status_code == 401 and unauthenticated.headers["x-request-id"].startswith("req_")
     assert client.post("/v1/jobs", data=b"x", content_type="text/csv").status_code == 415
     r = client.post(
         "/v1/batches",

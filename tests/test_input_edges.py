@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.helpers import MODEL, chat_line, jsonl
+from tests.helpers import MODEL, chat_line, jsonl, validated
 
 
 def _job(client, body: bytes):
@@ -19,7 +19,7 @@ def test_duplicate_json_keys_are_a_per_line_error(client):
     good = json.dumps(chat_line("ok", "hi"))
     twice = '{"custom_id": "a", "custom_id": "b", "method": "POST", "url": "/v1/chat/completions", "body": {}}'
     nested = json.dumps(chat_line("n", "hi")).replace('"max_tokens": 4', '"max_tokens": 4, "max_tokens": 9000')
-    job = _job(client, "\n".join([good, twice, nested]).encode() + b"\n").get_json()
+    job = validated(client, _job(client, "\n".join([good, twice, nested]).encode() + b"\n"))
     assert job["request_counts"]["valid"] == 1 and job["request_counts"]["invalid"] == 2
     errors = {e["line"]: e for e in job["errors"]}
     assert errors[2]["code"] == errors[3]["code"] == "duplicate_key"
@@ -29,7 +29,7 @@ def test_duplicate_json_keys_are_a_per_line_error(client):
 def test_a_native_line_naming_another_model_is_a_per_line_error(client):
     lines = [chat_line("same", "hi"), chat_line("other", "hi", model="gpt-4o-mini"), chat_line("none", "hi")]
     del lines[2]["body"]["model"]
-    job = _job(client, jsonl(lines)).get_json()
+    job = validated(client, _job(client, jsonl(lines)))
     assert job["request_counts"]["valid"] == 2
     (error,) = job["errors"]
     assert error["line"] == 2 and error["code"] == "model_mismatch" and "gpt-4o-mini" in error["message"]
@@ -60,6 +60,6 @@ def test_cr_only_line_endings_are_rejected_clearly(client):
     error = r.get_json()["error"]
     assert error["param"] == "file" and "carriage returns" in error["message"]
     crlf = _job(client, "\r\n".join(lines).encode() + b"\r\n")
-    assert crlf.status_code == 201 and crlf.get_json()["request_counts"]["valid"] == 3
+    assert crlf.status_code == 201 and validated(client, crlf)["request_counts"]["valid"] == 3
     stray = _job(client, "\n".join([lines[0].replace(", ", ",\r "), lines[1]]).encode())  # CR as JSON whitespace
-    assert stray.status_code == 201 and stray.get_json()["request_counts"]["valid"] == 2
+    assert stray.status_code == 201 and validated(client, stray)["request_counts"]["valid"] == 2

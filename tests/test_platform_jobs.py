@@ -17,15 +17,16 @@ def test_native_job_end_to_end(live_url, worker, tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_bytes(jsonl(lines))
     job = client.submit(src, model=MODEL, defaults={"max_tokens": 3})
+    assert job["status"] == "validating" and job["request_counts"]["total"] == 23
+    job = client.wait(job["id"], timeout=120, poll_s=0.2)
     assert job["request_counts"] == {
         "total": 23,
         "valid": 22,
         "invalid": 1,
-        "completed": 0,
+        "completed": 22,
         "failed": 0,
         "cancelled": 0,
     }
-    job = client.wait(job["id"], timeout=120, poll_s=0.2)
     assert job["status"] == "completed", job
     assert job["progress"] == 1.0
     assert job["request_counts"]["completed"] == 22 and job["request_counts"]["failed"] == 0

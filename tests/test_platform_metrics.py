@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from prometheus_client.parser import text_string_to_metric_families
 
 from pagedbatch.client import Client
-from tests.helpers import MODEL, REPO, chat_line, free_port, jsonl, long_line, spawn
+from tests.helpers import MODEL, REPO, chat_line, free_port, jsonl, long_line, spawn, validated
 
 
 def parse(text: str) -> dict[tuple[str, frozenset], float]:
@@ -38,7 +38,7 @@ def scrape(url: str) -> dict:
 def _post_job(client, lines) -> dict:
     r = client.post(f"/v1/jobs?model={MODEL}", data=jsonl(lines), content_type="application/x-ndjson")
     assert r.status_code in (200, 201), r.get_json()
-    return r.get_json()
+    return validated(client, r)
 
 
 def test_api_metrics_count_requests_by_route_template_and_status(platform):

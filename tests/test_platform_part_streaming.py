@@ -14,7 +14,7 @@ from store.finalize import maybe_finalize
 from store.jobs import get_job
 from store.results.part_writer import ROW_GROUP_ROWS
 from store.results.parts import results_store
-from tests.helpers import MODEL, chat_line, jsonl
+from tests.helpers import MODEL, chat_line, jsonl, validated
 from tests.test_platform_shards import FakeWatcher
 from workers import shard_runner
 
@@ -64,13 +64,14 @@ class LargeOutputHost:
 
 def _one_shard_job(platform):
     app = platform.app(queue_prefix="pbtest-noworker-stream", shard_size=LINES)
-    r = app.test_client().post(
+    client = app.test_client()
+    r = client.post(
         f"/v1/jobs?model={MODEL}",
         data=jsonl([chat_line(f"r{i}", "hi") for i in range(LINES)]),
         content_type="application/x-ndjson",
     )
     assert r.status_code == 201
-    job = r.get_json()
+    job = validated(client, r)
     assert job["shards"] == 1
     return app.extensions["pagedbatch"].settings, job
 

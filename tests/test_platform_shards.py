@@ -13,7 +13,7 @@ from store.models import SHARD_RUNNING, Shard
 from store.progress import job_progress
 from store.results.parts import results_store
 from store.shards import claim_shard
-from tests.helpers import MODEL, chat_line, jsonl
+from tests.helpers import MODEL, chat_line, jsonl, validated
 from workers import shard_runner
 
 
@@ -51,13 +51,14 @@ class FakeWatcher:
 def _job_without_worker(platform, n):
     # a queue no worker listens to: the shards are run here instead
     app = platform.app(queue_prefix="pbtest-noworker-" + platform.settings.queue_prefix)
-    r = app.test_client().post(
+    client = app.test_client()
+    r = client.post(
         f"/v1/jobs?model={MODEL}",
         data=jsonl([chat_line(f"r{i}", "hi") for i in range(n)]),
         content_type="application/x-ndjson",
     )
     assert r.status_code == 201
-    return app.extensions["pagedbatch"].settings, r.get_json()
+    return app.extensions["pagedbatch"].settings, validated(client, r)
 
 
 def test_redelivered_shard_is_counted_once(platform):

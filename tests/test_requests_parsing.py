@@ -263,7 +263,9 @@ def test_duplicate_custom_id_second_occurrence_is_the_error(limits):
     assert [(r.line, r.code) for r in results[1:]] == [
         (2, errors.INVALID_METHOD), (3, errors.DUPLICATE_CUSTOM_ID), (4, errors.DUPLICATE_CUSTOM_ID)
     ]  # fmt: skip
-    assert results[2].custom_id == "a" and "'a'" in results[2].message
+    # the repeat names the custom_id in its message but carries none: "a" and "b" each have one result line
+    assert results[2].custom_id is None and "'a'" in results[2].message
+    assert results[3].custom_id is None and results[1].custom_id == "b"
 
 
 def test_context_length_errors_say_the_numbers(limits):
@@ -488,19 +490,21 @@ def test_chat_completion_body(limits):
     assert body == {
         "id": "chatcmpl-x", "object": "chat.completion", "created": 123, "model": "tiny",
         "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": "out0"}, "finish_reason": "stop",
-             "logprobs": None},
-            {"index": 1, "message": {"role": "assistant", "content": "out1"}, "finish_reason": "length",
-             "logprobs": None},
+            {"index": 0, "message": {"role": "assistant", "content": "out0", "refusal": None},
+             "finish_reason": "stop", "logprobs": None},
+            {"index": 1, "message": {"role": "assistant", "content": "out1", "refusal": None},
+             "finish_reason": "length", "logprobs": None},
         ],
-        "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
-        "system_fingerprint": None,
+        "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7,
+                  "prompt_tokens_details": {"cached_tokens": 0}},
+        "system_fingerprint": body["system_fingerprint"],
     }  # fmt: skip
+    assert body["system_fingerprint"].startswith("fp_")
     lp = chat_completion_body(_output(logprobs=True), model="tiny", logprobs=2, tokenizer=limits)
     content = lp["choices"][0]["logprobs"]["content"]
     assert len(content) == 2 and content[0]["logprob"] == -0.5
-    assert content[0]["token"] == limits.tokenizer.decode([10])
-    assert content[0]["bytes"] == list(content[0]["token"].encode())
+    assert "".join(t["token"] for t in content) == "out0"  # the tokens' pieces join into the content
+    assert content[0]["bytes"] == list(limits.tokenizer.decode([10]).encode())
     assert [t["logprob"] for t in content[0]["top_logprobs"]] == [-0.5, -1.5]
     json.dumps(lp, allow_nan=False)
 

@@ -150,7 +150,7 @@ def test_merge_counts_and_jsonl(store):
     completed = [i for i in lines if i not in failed and i not in cancelled]
     assert counts == ResultCounts(
         total=30, completed=len(completed), failed=len(failed), cancelled=len(cancelled),
-        prompt_tokens=3 * (len(completed) + len(cancelled)), completion_tokens=2 * len(completed),
+        prompt_tokens=3 * len(completed), completion_tokens=2 * len(completed),  # usage: completed requests only
     )  # fmt: skip
 
     # JSONL straight from the parts, then from the merged file: same lines, same ids, line order

@@ -21,7 +21,7 @@ from pagedbatch.cli import build_parser, main
 from pagedbatch.client_commands import api_key
 from store import ids, keys
 from store.db import normalize_url
-from tests.helpers import MODEL, REPO, chat_line, jsonl
+from tests.helpers import MODEL, REPO, chat_line, jsonl, validated
 
 PUBLIC = {"/healthz", "/openapi.json", "/metrics"}
 
@@ -303,8 +303,8 @@ def test_active_jobs_limit_answers_429_until_a_job_finishes(platform):
     keys.set_tenant_limits(platform.settings, tenant, max_active_jobs=2, max_queued_requests=None)
     client = _noworker(platform, tenant)
     # a job that fails validation at once is not active and does not count
-    assert _post_job(client, ["bad"]).get_json()["status"] == "failed"
-    first = _post_job(client, [chat_line("a", "x")]).get_json()
+    assert validated(client, _post_job(client, ["bad"]))["status"] == "failed"
+    first = validated(client, _post_job(client, [chat_line("a", "x")]))
     assert _post_job(client, [chat_line("a", "x")]).status_code == 201
     message = _assert_429(_post_job(client, [chat_line("a", "x")]))
     assert "2 active batches" in message and "limit is 2" in message

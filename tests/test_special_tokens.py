@@ -69,8 +69,8 @@ def test_completion_prompts_keep_special_tokens(limits):
 
 
 def test_the_opt_out_is_a_setting(platform):
-    from store.jobs import _model_limits
+    from store.validating import model_limits
 
     settings = dataclasses.replace(platform.settings, special_tokens_in_content=["tiny"])
-    assert _model_limits(settings, "tiny").special_tokens_in_content is True
-    assert _model_limits(platform.settings, "tiny").special_tokens_in_content is False
+    assert model_limits(settings, "tiny").special_tokens_in_content is True
+    assert model_limits(platform.settings, "tiny").special_tokens_in_content is False

@@ -5,7 +5,7 @@ import stat
 from pathlib import Path
 
 from store.storage import Storage
-from tests.helpers import MODEL, chat_line, jsonl
+from tests.helpers import MODEL, chat_line, jsonl, validated
 
 
 def _mode(path: Path) -> int:
@@ -28,7 +28,7 @@ def test_storage_writes_private_files_and_directories(tmp_path):
 def test_uploads_shard_inputs_and_results_are_private(platform):
     client = platform.app().test_client()
     body = jsonl([chat_line("a", "hi"), "not json"])
-    job = client.post(f"/v1/jobs?model={MODEL}", data=body, content_type="application/x-ndjson").get_json()
+    job = validated(client, client.post(f"/v1/jobs?model={MODEL}", data=body, content_type="application/x-ndjson"))
     root = Path(platform.settings.storage_url)
     written = [
         root / "files" / f"{job['input_file_id']}.jsonl",

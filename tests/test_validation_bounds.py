@@ -59,24 +59,6 @@ def test_screening_never_rejects_a_prompt_that_fits(limits, word):
     assert isinstance(bad, LineError) and bad.code == CONTEXT_LENGTH_EXCEEDED
 
 
-def test_concurrent_validations_are_bounded(platform):
-    from api.platform import EXTENSION
-
-    app = platform.app(default_tenant="busy", max_concurrent_validations=1, validation_wait_s=0.2)
-    client = app.test_client()
-    body = completion("a", "hi", model="tiny")
-    slots = app.extensions[EXTENSION].validations
-    assert slots.acquire(timeout=1)  # another upload is being validated
-    try:
-        busy = client.post("/v1/jobs?model=tiny", data=body, content_type="application/x-ndjson")
-        assert busy.status_code == 503 and busy.headers["Retry-After"]
-        assert busy.get_json()["error"]["code"] == "server_busy"
-        assert client.get("/v1/files").get_json()["data"] == []  # its upload is not kept
-    finally:
-        slots.release()
-    assert client.post("/v1/jobs?model=tiny", data=body, content_type="application/x-ndjson").status_code == 201
-
-
 def _one(limits, data: bytes, **kwargs):
     (result,) = list(parse_requests(io.BytesIO(data), {limits.name: limits}, **kwargs))
     return result

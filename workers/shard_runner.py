@@ -31,6 +31,7 @@ from store.shards import claim_shard, finish_shard, owns_shard, release_shard
 from store.storage import get_storage
 from workers import leases
 from workers.line_requests import engine_request, result_row
+from workers.progress import board as progress_board
 from workers.sweeper import Recovery
 
 log = logging.getLogger(__name__)
@@ -183,7 +184,11 @@ def _run_in_engine(settings: Settings, host, watcher, shard_id: str, claim, requ
                 attempt.started[request_id] = now
                 attempt.futures[request_id] = future
                 future.add_done_callback(lambda _f, rid=request_id: attempt.on_done(rid))
-        _write_as_finished(attempt, part, shard_id, claim.job_created_at, host.tokenizer)
+        progress = progress_board.track(settings, shard_id, claim.attempt)
+        try:
+            _write_as_finished(attempt, part, shard_id, claim.job_created_at, host.tokenizer, progress)
+        finally:
+            progress.close()
     finally:
         with _in_flight_lock:
             _in_flight.pop(shard_id, None)
@@ -192,7 +197,7 @@ def _run_in_engine(settings: Settings, host, watcher, shard_id: str, claim, requ
     return attempt
 
 
-def _write_as_finished(attempt: _Attempt, part, shard_id: str, created_at, tokenizer) -> None:
+def _write_as_finished(attempt: _Attempt, part, shard_id: str, created_at, tokenizer, progress) -> None:
     """Each finished request's row goes to the part (completed, or failed in the engine); its output is
     dropped at once. Aborted requests (their future resolved to None) are left for the caller."""
     for _ in range(len(attempt.futures)):
@@ -201,6 +206,7 @@ def _write_as_finished(attempt: _Attempt, part, shard_id: str, created_at, token
         if row is not None:
             part.add(row)
             attempt.written.add(request_id)
+            progress.add(row)
 
 
 def _row(attempt: _Attempt, request_id: str, future, shard_id: str, created_at, tokenizer) -> dict | None:

@@ -10,7 +10,7 @@ Every worker runs a `Sweeper` thread. Each sweep, idempotent and safe to run fro
    the model has queued shards, the shards not checked for `requeue_s` are sent again. A duplicate message
    costs nothing: `claim_shard` skips finished shards and shards under a live lease;
 4. finalizes jobs whose shards are all finished but whose finalizer never ran (or died);
-5. fails jobs stuck validating because the API process that was validating them died.
+5. resumes the validation of jobs whose validator died with its API process.
 """
 
 from __future__ import annotations
@@ -18,10 +18,13 @@ from __future__ import annotations
 import logging
 import os
 import random
+import socket
 import threading
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 
 from sqlalchemy import exists, select, update
 
@@ -29,24 +32,23 @@ from broker.queue import enqueue_shards, queue_size
 from store.cancel import expire_job
 from store.db import session_scope
 from store.finalize import maybe_finalize
-from store.jobs import STALE_VALIDATION
 from store.models import (
     CANCELLING,
-    FAILED,
     FINALIZING,
     IN_PROGRESS,
     SHARD_CANCELLED,
     SHARD_DONE,
     SHARD_QUEUED,
     SHARD_RUNNING,
-    VALIDATING,
     Job,
     Shard,
     utcnow,
 )
 from store.settings import Settings
+from store.validating import claim_validation, run_validation, stale_validations
 
 log = logging.getLogger(__name__)
+WORKER_ID = socket.gethostname()
 
 
 @dataclass
@@ -77,7 +79,7 @@ def sweep(settings: Settings, recovery: Recovery) -> dict[str, int]:
         "taken_back": _take_back_expired_leases(settings, recovery),
         "resent": _resend_lost_messages(settings, recovery),
         "finalized": _finalize_finished_jobs(settings),
-        "stale_validations": _fail_stale_validations(settings),
+        "resumed_validations": _resume_stale_validations(settings),
     }
 
 
@@ -158,27 +160,32 @@ def _finalize_finished_jobs(settings: Settings) -> int:
     return sum(maybe_finalize(settings, job_id) for job_id in job_ids)
 
 
-def _fail_stale_validations(settings: Settings) -> int:
-    cutoff = utcnow() - STALE_VALIDATION
-    with session_scope(settings.database_url) as s:
-        stale = (Job.status == VALIDATING) | ((Job.status == CANCELLING) & Job.in_progress_at.is_(None))
-        result = s.execute(
-            update(Job)
-            .where(stale, Job.created_at < cutoff)
-            .values(
-                status=FAILED,
-                failed_at=utcnow(),
-                errors=[
-                    {
-                        "code": "validation_interrupted",
-                        "message": "The server validating this batch stopped; please submit it again.",
-                        "param": None,
-                        "line": None,
-                    }
-                ],
-            )
-        )
-        return result.rowcount
+_resuming = threading.BoundedSemaphore(1)  # validations this process resumes at once
+
+
+def _resume_stale_validations(settings: Settings) -> int:
+    """Jobs whose validator died (its API process stopped) and whose model this worker knows: validated on,
+    one at a time, on a thread of this process (`store.validating` skips the lines already committed). The
+    API processes resume them too, those of every model (`api.validations`)."""
+    started = 0
+    for job_id in stale_validations(settings, models=list(settings.models), limit=1):
+        if not _resuming.acquire(blocking=False):
+            break
+        owner = f"sweeper-{WORKER_ID}-{uuid.uuid4().hex[:8]}"
+        if not claim_validation(settings, job_id, owner):
+            _resuming.release()
+            continue
+        log.warning("resuming the validation of %s (its validator stopped)", job_id)
+        threading.Thread(target=_resume, args=(settings, job_id, owner), name="resume-validation", daemon=True).start()
+        started += 1
+    return started
+
+
+def _resume(settings: Settings, job_id: str, owner: str) -> None:
+    try:
+        run_validation(settings, job_id, owner, partial(enqueue_shards, settings))
+    finally:
+        _resuming.release()
 
 
 class Sweeper:

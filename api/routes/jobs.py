@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 from flask import Blueprint, jsonify, request
 
 from api.auth import current_tenant
 from api.errors import ApiError
 from api.objects import JobList
-from api.platform import ServerBusy, settings, validation_slot
-from api.routes.params import json_param, limit_param, metadata_param, reject_nul_bytes
+from api.platform import settings, validate_in_background
+from api.routes.params import invalid_lines_param, json_param, limit_param, metadata_param, reject_nul_bytes
 from api.routes.responses import cached_job_body, send_fs, send_lines, send_object, send_stored
 from api.routes.uploads import check_content_length, upload_chunks, upload_filename
 from api.serializers import job_object, page
-from broker.queue import enqueue_shards
 from store import cancel, files, jobs
 from store.models import JOB_STATUSES, TERMINAL_STATUSES
 from store.paths import errors_key, output_key
@@ -54,21 +51,19 @@ def create_job():
         raise ApiError(400, "model is required", param="model")
     defaults = json_param(fields.get("defaults") or request.args.get("defaults"), "defaults")
     metadata = metadata_param(fields.get("metadata") or request.args.get("metadata"))
+    # the native API runs the valid lines and reports the others; "fail" fails the job as OpenAI does
+    on_invalid = invalid_lines_param(fields.get("on_invalid_lines") or request.args.get("on_invalid_lines"), "skip")
     input_file = files.store_upload(cfg, chunks, tenant=tenant, filename=filename, purpose="batch", for_job=True)
-    try:
-        with validation_slot():
-            job = jobs.create_job(
-                cfg,
-                input_file,
-                tenant=tenant,
-                enqueue=partial(enqueue_shards, cfg),
-                model=model,
-                defaults=defaults,
-                metadata=metadata,
-            )
-    except ServerBusy:
-        files.delete_file(cfg, tenant, input_file.id)  # no job uses it: it would only take the tenant's quota
-        raise
+    job, owner = jobs.create_job(
+        cfg,
+        input_file,
+        tenant=tenant,
+        model=model,
+        defaults=defaults,
+        metadata=metadata,
+        on_invalid_lines=on_invalid,
+    )
+    validate_in_background(job.id, owner)
     return send_object(_job(job), 201)
 
 

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 from flask import Blueprint, jsonify, request
 
 from api.auth import current_tenant
 from api.errors import ApiError
 from api.objects import BATCH_ENDPOINTS, COMPLETION_WINDOWS, BatchList, FileDeleted, FileList
-from api.platform import settings, validation_slot
+from api.platform import settings, validate_in_background
 from api.routes.params import (
     expires_after_param,
     expires_after_value,
+    invalid_lines_param,
     limit_param,
     metadata_param,
     order_param,
@@ -22,8 +21,8 @@ from api.routes.params import (
 from api.routes.responses import cached_job_body, send_object, send_stored
 from api.routes.uploads import check_content_length, upload_chunks, upload_filename
 from api.serializers import batch_object, file_object, page
-from broker.queue import enqueue_shards
 from store import cancel, files, jobs
+from store.errors import NotFound
 from store.progress import job_progress
 
 bp = Blueprint("openai_batch", __name__)
@@ -114,6 +113,8 @@ def _batch_request() -> dict:
         "completion_window": window,
         "metadata": metadata_param(body.get("metadata")),
         "output_expires_after_s": expires_after_value(body.get("output_expires_after"), "output_expires_after"),
+        # OpenAI fails a file with invalid lines; "skip" runs the valid ones and reports the rest
+        "on_invalid_lines": invalid_lines_param(body.get("on_invalid_lines"), default="fail"),
     }
 
 
@@ -121,11 +122,14 @@ def _batch_request() -> dict:
 def create_batch():
     body = _batch_request()
     cfg, tenant = settings(), current_tenant()
-    input_file = files.get_file(cfg, tenant, body.pop("input_file_id"))
+    try:
+        input_file = files.get_file(cfg, tenant, body.pop("input_file_id"))
+    except NotFound as exc:
+        raise NotFound(exc.message, param="input_file_id") from None
     if input_file.purpose != "batch":
         raise ApiError(400, f"file {input_file.id} does not have purpose 'batch'", param="input_file_id")
-    with validation_slot():
-        job = jobs.create_job(cfg, input_file, tenant=tenant, enqueue=partial(enqueue_shards, cfg), **body)
+    job, owner = jobs.create_job(cfg, input_file, tenant=tenant, **body)
+    validate_in_background(job.id, owner)
     return send_object(_batch(job))
 
 

@@ -9,6 +9,7 @@ from flask import request
 
 from api.errors import ApiError
 from api.objects import METADATA_KEY_CHARS, METADATA_PAIRS, METADATA_VALUE_CHARS
+from store.models import INVALID_LINE_POLICIES
 
 MAX_PARAM_DEPTH = 32  # nesting of a JSON parameter (defaults); deeper is a 400, never a RecursionError
 
@@ -69,6 +70,17 @@ def metadata_param(value) -> dict | None:
                 param="metadata",
             )
     return metadata
+
+
+def invalid_lines_param(value, default: str) -> str:
+    """`on_invalid_lines`: "fail" (the whole job fails when a line is invalid) or "skip" (the valid
+    lines run, the invalid ones are reported)."""
+    if value is None or value == "":
+        return default
+    if value not in INVALID_LINE_POLICIES:
+        raise ApiError(400, f"on_invalid_lines must be one of {', '.join(INVALID_LINE_POLICIES)}",
+                       param="on_invalid_lines")  # fmt: skip
+    return value
 
 
 def reject_nul_bytes() -> None:

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from store.results.rows import STATUSES, rows_to_table
+from store.results.rows import COMPLETED, STATUSES, rows_to_table
 from store.storage import atomic_write, url_to_fs
 
 COUNT_COLUMNS = ["status", "prompt_tokens", "completion_tokens"]
@@ -59,8 +59,10 @@ def count_batches(batches: Iterable[pa.RecordBatch]) -> ResultCounts:
         for entry in pc.value_counts(batch.column("status")).to_pylist():
             if entry["values"] in STATUSES:
                 setattr(counts, entry["values"], getattr(counts, entry["values"]) + entry["counts"])
-        counts.prompt_tokens += pc.sum(batch.column("prompt_tokens")).as_py() or 0
-        counts.completion_tokens += pc.sum(batch.column("completion_tokens")).as_py() or 0
+        # usage is what completed requests used: a cancelled or failed request is not billed
+        completed = pc.equal(batch.column("status"), COMPLETED)
+        counts.prompt_tokens += pc.sum(pc.filter(batch.column("prompt_tokens"), completed)).as_py() or 0
+        counts.completion_tokens += pc.sum(pc.filter(batch.column("completion_tokens"), completed)).as_py() or 0
     return counts
 
 
