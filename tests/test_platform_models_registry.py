@@ -13,7 +13,7 @@ from store import models_registry
 from store.db import session_scope
 from store.models import WorkerModel, utcnow
 from store.models_registry import Registration
-from tests.helpers import MODEL, chat_line, jsonl, wait_for
+from tests.helpers import MODEL, chat_line, jsonl, validated, wait_for
 from workers.registration import Heartbeat
 
 
@@ -39,7 +39,7 @@ def test_api_without_models_env_validates_with_the_registered_tokenizer(worker):
     body = jsonl([chat_line("r-0", "hello"), chat_line("r-1", "x" * 50, max_tokens=10_000_000)])
     job = client.post(f"/v1/jobs?model={MODEL}", data=body, content_type="application/x-ndjson")
     assert job.status_code == 201, job.get_json()
-    job = job.get_json()
+    job = validated(client, job)
     assert job["request_counts"]["invalid"] == 1  # max_tokens over the registered model's context length
     assert job["errors"][0]["line"] == 2, job["errors"]
     done = wait_for(lambda: client.get(f"/v1/jobs/{job['id']}").get_json(), timeout=120)

@@ -161,7 +161,8 @@ def test_every_batch_and_files_call_of_the_official_client(oai, worker):
     assert {e["error"]["code"] for e in errors} <= {"batch_cancelled", "request_aborted"} and errors
 
     # an expired batch (the sweeper expires it once its window passed; here at once)
-    file = oai.files.create(file=("late.jsonl", io.BytesIO(jsonl(slow))), purpose="batch")
+    late = [long_line(f"late-{i}", max_tokens=900) for i in range(12)]  # still running when it expires
+    file = oai.files.create(file=("late.jsonl", io.BytesIO(jsonl(late))), purpose="batch")
     batch = oai.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
     wait_for(lambda: _retrieve(oai, batch.id), statuses=("in_progress",))
     with session_scope(worker.settings.database_url) as s:
@@ -169,7 +170,7 @@ def test_every_batch_and_files_call_of_the_official_client(oai, worker):
     assert expire_job(worker.settings, batch.id)
     expired = wait_for(lambda: _retrieve(oai, batch.id))
     assert expired["status"] == "expired" and expired["expired_at"]
-    _, errors = _consistent(oai, expired, [x["custom_id"] for x in slow], "/v1/chat/completions")
+    _, errors = _consistent(oai, expired, [x["custom_id"] for x in late], "/v1/chat/completions")
     assert {e["error"]["code"] for e in errors} == {"batch_expired"}
 
     # batches: retrieve every one, list them all (auto-paging)
