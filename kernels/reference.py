@@ -15,8 +15,17 @@ and attend causally to everything before them, cached or new.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.nn.functional as F
+
+# Per-thread scratch reused across steps and layers. Freshly allocated tensors of tens of MB
+# cost more in page faults than the copy into them, so the K/V gathers and the masks
+# go into memory that is already mapped. Bounded: the gather buffers hold the largest context
+# gathered so far (at most max_num_seqs x max_model_len tokens), the mask cache MAX_MASKS masks.
+_scratch = threading.local()
+MAX_MASKS = 32
 
 
 def write_kv_cache(key, value, k_cache, v_cache, slot_mapping) -> None:
@@ -27,14 +36,50 @@ def write_kv_cache(key, value, k_cache, v_cache, slot_mapping) -> None:
     v_cache.view(num_blocks * block_size, *v_cache.shape[2:]).index_copy_(0, slots, value.to(v_cache.dtype))
 
 
-def _gather_context(cache, block_table, length):
+def _buffer(name, cache, num_blocks):
+    """A [num_blocks, *cache.shape[1:]] view of a reused buffer of the thread's scratch."""
+    rows = getattr(_scratch, "buffers", None)
+    if rows is None:
+        rows = _scratch.buffers = {}
+    key = (name, cache.dtype, cache.device, cache.shape[1:])
+    buf = rows.get(key)
+    if buf is None or buf.shape[0] < num_blocks:
+        buf = rows[key] = torch.empty((num_blocks, *cache.shape[1:]), dtype=cache.dtype, device=cache.device)
+    return buf[:num_blocks]
+
+
+def _gather_blocks(name, cache, blocks):
+    return torch.index_select(cache, 0, blocks, out=_buffer(name, cache, blocks.shape[0]))
+
+
+def _gather_context(name, cache, block_table, length):
     block_size = cache.shape[1]
     num_blocks = -(-length // block_size)
-    return cache.index_select(0, block_table[:num_blocks].long()).flatten(0, 1)[:length]
+    return _gather_blocks(name, cache, block_table[:num_blocks].long()).flatten(0, 1)[:length]
+
+
+def _causal_mask(q_len, length, dtype, device):
+    """[q_len, length] additive mask of new tokens at the end of the context (cached by shape:
+    every layer of a step asks for the same ones)."""
+    masks = getattr(_scratch, "masks", None)
+    if masks is None:
+        masks = _scratch.masks = {}
+    key = (q_len, length, dtype, device)
+    mask = masks.get(key)
+    if mask is None:
+        if len(masks) >= MAX_MASKS:
+            masks.clear()
+        q_pos = torch.arange(length - q_len, length, device=device)
+        mask = masks[key] = _additive(torch.arange(length, device=device)[None, :] <= q_pos[:, None], dtype)
+    return mask
 
 
 def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
-    """Causal attention of each sequence's new tokens over its whole paged context."""
+    """Causal attention of each sequence's new tokens over its whole paged context.
+
+    Masks are additive float tensors on 4-D inputs: that is what keeps PyTorch's CPU SDPA on
+    its flash kernel (a boolean mask, or 3-D inputs with a mask, fall back to the math kernel,
+    which materialises every score and is several times slower on long contexts)."""
     out = torch.empty_like(query)
     starts = query_start_loc.tolist()
     lengths = seq_lens.tolist()
@@ -46,17 +91,21 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start
         q_len = starts[i + 1] - starts[i]
         if q_len <= 1:
             continue
-        q = query[starts[i] : starts[i + 1]].transpose(0, 1)
-        k = _gather_context(k_cache, block_tables[i], length).transpose(0, 1).to(q.dtype)
-        v = _gather_context(v_cache, block_tables[i], length).transpose(0, 1).to(q.dtype)
+        q = query[starts[i] : starts[i + 1]].transpose(0, 1).unsqueeze(0)
+        k = _gather_context("k", k_cache, block_tables[i], length).transpose(0, 1).unsqueeze(0).to(q.dtype)
+        v = _gather_context("v", v_cache, block_tables[i], length).transpose(0, 1).unsqueeze(0).to(q.dtype)
         if q_len == length:  # no cached prefix: plain causal attention
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
-        else:
-            q_pos = torch.arange(length - q_len, length, device=q.device)
-            mask = torch.arange(length, device=q.device)[None, :] <= q_pos[:, None]
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
-        out[starts[i] : starts[i + 1]] = o.transpose(0, 1)
+        else:  # new tokens at the end of the context: causal aligned to the bottom right
+            mask = _causal_mask(q_len, length, q.dtype, q.device)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None], scale=scale, enable_gqa=gqa)
+        out[starts[i] : starts[i + 1]] = o[0].transpose(0, 1)
     return out
+
+
+def _additive(keep, dtype):
+    """A boolean keep-mask as 0 / -inf in `dtype`."""
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, float("-inf"))
 
 
 def _decode_attention(query, k_cache, v_cache, block_tables, lengths, starts, rows, scale, out):
@@ -69,16 +118,16 @@ def _decode_attention(query, k_cache, v_cache, block_tables, lengths, starts, ro
     tables = block_tables[row_idx, : -(-max_len // block_size)].long().flatten()
     batch = len(rows)
 
-    def gather(cache):  # [B, kv_heads, max_len, D]
-        ctx = cache.index_select(0, tables).view(batch, -1, num_kv_heads, head_dim)[:, :max_len]
+    def gather(name, cache):  # [B, kv_heads, max_len, D]
+        ctx = _gather_blocks(name, cache, tables).view(batch, -1, num_kv_heads, head_dim)[:, :max_len]
         return ctx.transpose(1, 2).to(query.dtype)
 
-    k, v = gather(k_cache), gather(v_cache)
+    k, v = gather("k", k_cache), gather("v", v_cache)
     token_idx = torch.tensor([starts[r] for r in rows], device=device)
     q = query[token_idx].unsqueeze(2)  # [B, heads, 1, D]
-    valid = (torch.arange(max_len, device=device)[None, :] < lens[:, None])[:, None, None, :]
+    valid = _additive(torch.arange(max_len, device=device)[None, :] < lens[:, None], query.dtype)
     gqa = query.shape[1] != num_kv_heads
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=valid, scale=scale, enable_gqa=gqa)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=gqa)
     out[token_idx] = o.squeeze(2)
 
 
