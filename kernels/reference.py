@@ -109,30 +109,70 @@ def _additive(keep, dtype):
 
 
 def _decode_attention(query, k_cache, v_cache, block_tables, lengths, starts, rows, scale, out):
-    """All single-token queries at once: gather padded contexts and mask the padding."""
-    num_blocks_total, block_size, num_kv_heads, head_dim = k_cache.shape
-    device = query.device
-    row_idx = torch.tensor(rows, device=device)
-    lens = torch.tensor([lengths[r] for r in rows], device=device)
-    max_len = max(lengths[r] for r in rows)
-    tables = block_tables[row_idx, : -(-max_len // block_size)].long().flatten()
-    batch = len(rows)
+    """All single-token queries at once, grouped by shared prefix: sequences whose block tables
+    start with the same blocks (a common system prompt, sibling samples) read those blocks once
+    for the whole group, and only their own tails are gathered per sequence, padded and masked."""
+    block_size = k_cache.shape[1]
+    tables = block_tables[torch.tensor(rows, device=block_tables.device)].tolist()
+    groups: dict[int, list[int]] = {}
+    for i, table in enumerate(tables):
+        groups.setdefault(table[0], []).append(i)
+    batches, alone = [], []  # (members, shared blocks); sequences sharing nothing go in one batch
+    for members in groups.values():
+        shared = 0
+        if len(members) > 1:  # leading blocks all members hold, short of every member's own token
+            limit = (min(lengths[rows[i]] for i in members) - 1) // block_size
+            first = tables[members[0]]
+            while shared < limit and all(tables[i][shared] == first[shared] for i in members):
+                shared += 1
+        if shared:
+            batches.append((members, shared))
+        else:
+            alone.extend(members)
+    if alone:
+        batches.append((alone, 0))
+    for members, shared in batches:
+        _decode_group(query, k_cache, v_cache, [tables[i] for i in members], [lengths[rows[i]] for i in members],
+                      [starts[rows[i]] for i in members], shared, scale, out)
 
-    def gather(name, cache):  # [B, kv_heads, max_len, D]
-        ctx = _gather_blocks(name, cache, tables).view(batch, -1, num_kv_heads, head_dim)[:, :max_len]
+
+def _decode_group(query, k_cache, v_cache, tables, lengths, token_starts, shared, scale, out):
+    """Decode attention of sequences whose first `shared` blocks are the same ones."""
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    device, batch = query.device, len(tables)
+    group = query.shape[1] // num_kv_heads
+    prefix = shared * block_size
+    tail = max(lengths) - prefix
+    tail_blocks = -(-tail // block_size)
+    tail_ids = torch.tensor([t[shared : shared + tail_blocks] + [0] * (shared + tail_blocks - len(t)) for t in tables],
+                            device=device).flatten()
+
+    def tails(name, cache):  # [B, kv_heads, tail, D]
+        ctx = _gather_blocks(name, cache, tail_ids).view(batch, -1, num_kv_heads, head_dim)[:, :tail]
         return ctx.transpose(1, 2).to(query.dtype)
 
-    k, v = gather("k", k_cache), gather("v", v_cache)
-    token_idx = torch.tensor([starts[r] for r in rows], device=device)
-    group = query.shape[1] // num_kv_heads
+    token_idx = torch.tensor(token_starts, device=device)
     # Plain batched matmuls over [B, kv_heads, group, ...]: one query per sequence is too little
     # work for the flash kernel (which in bfloat16 is ~10x slower here). Scores are scaled and
     # soft-maxed in float32, as transformers' eager attention does.
     q = query[token_idx].view(batch, num_kv_heads, group, head_dim)
-    scores = torch.matmul(q, k.transpose(-1, -2)).float().mul_(scale)
-    scores += _additive(torch.arange(max_len, device=device)[None, :] < lens[:, None], torch.float32)[:, None, None]
-    probs = torch.softmax(scores, dim=-1).to(v.dtype)
-    out[token_idx] = torch.matmul(probs, v).view(batch, -1, head_dim)
+    k, v = tails("k", k_cache), tails("v", v_cache)
+    tail_lens = torch.tensor(lengths, device=device) - prefix
+    scores = torch.matmul(q, k.transpose(-1, -2)).float()
+    scores += _additive(torch.arange(tail, device=device)[None, :] < tail_lens[:, None], torch.float32)[:, None, None]
+    if prefix:  # the shared blocks once, every member's queries as rows: [kv_heads, B * group, prefix]
+        ids = torch.tensor(tables[0][:shared], device=device)
+        kp = _gather_blocks("kp", k_cache, ids).view(prefix, num_kv_heads, head_dim).permute(1, 2, 0).to(q.dtype)
+        vp = _gather_blocks("vp", v_cache, ids).view(prefix, num_kv_heads, head_dim).transpose(0, 1).to(q.dtype)
+        qp = q.transpose(0, 1).reshape(num_kv_heads, batch * group, head_dim)
+        shared_scores = torch.matmul(qp, kp).float().view(num_kv_heads, batch, group, prefix).transpose(0, 1)
+        scores = torch.cat([shared_scores, scores], dim=-1)
+    probs = torch.softmax(scores.mul_(scale), dim=-1).to(v.dtype)
+    o = torch.matmul(probs[..., prefix:], v)
+    if prefix:
+        pp = probs[..., :prefix].transpose(0, 1).reshape(num_kv_heads, batch * group, prefix)
+        o += torch.matmul(pp, vp).view(num_kv_heads, batch, group, head_dim).transpose(0, 1)
+    out[token_idx] = o.reshape(batch, -1, head_dim)
 
 
 def rms_norm(x, weight, eps):

@@ -1,6 +1,7 @@
 """The plain-torch paged attention (the CPU engine's kernel) against a naive per-token
-softmax, with its scratch buffers reused across calls of different shapes, and kept on
-PyTorch's flash SDPA kernel (the math fallback materialises every score)."""
+softmax: with its scratch buffers reused across calls of different shapes, with decodes that
+share prefix blocks (read once per group), and kept on PyTorch's flash SDPA kernel for
+prefill (the math fallback materialises every score)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,27 @@ def test_matches_naive_across_reused_scratch(heads, dtype):
         expected = naive(**batch)
         err = (got.double() - expected).abs().max() / expected.abs().max()
         assert err < TOL[dtype], f"{case}: max rel err {err:.3g}"
+
+
+def with_shared_prefixes(batch):
+    """Decodes 0-3 share their first 3 blocks (one a block short of its own token), 4-5 their
+    first block; 6 and the prefill chunk share nothing."""
+    tables = batch["block_tables"].clone()
+    tables[1:4, :3] = tables[0, :3]
+    tables[5, :1] = tables[4, :1]
+    return {**batch, "block_tables": tables}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads", [(4, 4), (6, 2)], ids=["mha", "gqa3"])
+def test_decodes_sharing_prefix_blocks_match_naive(heads, dtype):
+    case = ([1, 1, 1, 1, 1, 1, 1, 9], [60, 48, 70, 32, 20, 31, 40, 30])
+    for seed in (0, 1):
+        batch = with_shared_prefixes(make_batch(*case, *heads, dtype, seed=seed))
+        got = reference.paged_attention(**batch)
+        expected = naive(**batch)
+        err = (got.double() - expected).abs().max() / expected.abs().max()
+        assert err < TOL[dtype], f"max rel err {err:.3g}"
 
 
 def test_stays_on_the_flash_kernel():
