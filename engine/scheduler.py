@@ -63,6 +63,7 @@ class Scheduler:
                 break
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)
+            self.block_manager.register_full_blocks(seq, seq.num_computed_tokens + n)
             budget -= n
             i += 1
         # Admit no one in a step that had to preempt: the pool is already too tight.
@@ -80,6 +81,7 @@ class Scheduler:
             self.running.append(seq)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)
+            self.block_manager.register_full_blocks(seq, computed + n)  # later admissions may share them
             budget -= n
         return batch
 

@@ -15,8 +15,17 @@ and attend causally to everything before them, cached or new.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.nn.functional as F
+
+# Per-thread scratch reused across steps and layers. Freshly allocated tensors of tens of MB
+# cost more in page faults than the copy into them, so the K/V gathers and the masks
+# go into memory that is already mapped. Bounded: the gather buffers hold the largest context
+# gathered so far (at most max_num_seqs x max_model_len tokens), the mask cache MAX_MASKS masks.
+_scratch = threading.local()
+MAX_MASKS = 32
 
 
 def write_kv_cache(key, value, k_cache, v_cache, slot_mapping) -> None:
@@ -27,14 +36,50 @@ def write_kv_cache(key, value, k_cache, v_cache, slot_mapping) -> None:
     v_cache.view(num_blocks * block_size, *v_cache.shape[2:]).index_copy_(0, slots, value.to(v_cache.dtype))
 
 
-def _gather_context(cache, block_table, length):
+def _buffer(name, cache, num_blocks):
+    """A [num_blocks, *cache.shape[1:]] view of a reused buffer of the thread's scratch."""
+    rows = getattr(_scratch, "buffers", None)
+    if rows is None:
+        rows = _scratch.buffers = {}
+    key = (name, cache.dtype, cache.device, cache.shape[1:])
+    buf = rows.get(key)
+    if buf is None or buf.shape[0] < num_blocks:
+        buf = rows[key] = torch.empty((num_blocks, *cache.shape[1:]), dtype=cache.dtype, device=cache.device)
+    return buf[:num_blocks]
+
+
+def _gather_blocks(name, cache, blocks):
+    return torch.index_select(cache, 0, blocks, out=_buffer(name, cache, blocks.shape[0]))
+
+
+def _gather_context(name, cache, block_table, length):
     block_size = cache.shape[1]
     num_blocks = -(-length // block_size)
-    return cache.index_select(0, block_table[:num_blocks].long()).flatten(0, 1)[:length]
+    return _gather_blocks(name, cache, block_table[:num_blocks].long()).flatten(0, 1)[:length]
+
+
+def _causal_mask(q_len, length, dtype, device):
+    """[q_len, length] additive mask of new tokens at the end of the context (cached by shape:
+    every layer of a step asks for the same ones)."""
+    masks = getattr(_scratch, "masks", None)
+    if masks is None:
+        masks = _scratch.masks = {}
+    key = (q_len, length, dtype, device)
+    mask = masks.get(key)
+    if mask is None:
+        if len(masks) >= MAX_MASKS:
+            masks.clear()
+        q_pos = torch.arange(length - q_len, length, device=device)
+        mask = masks[key] = _additive(torch.arange(length, device=device)[None, :] <= q_pos[:, None], dtype)
+    return mask
 
 
 def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
-    """Causal attention of each sequence's new tokens over its whole paged context."""
+    """Causal attention of each sequence's new tokens over its whole paged context.
+
+    Masks are additive float tensors on 4-D inputs: that is what keeps PyTorch's CPU SDPA on
+    its flash kernel (a boolean mask, or 3-D inputs with a mask, fall back to the math kernel,
+    which materialises every score and is several times slower on long contexts)."""
     out = torch.empty_like(query)
     starts = query_start_loc.tolist()
     lengths = seq_lens.tolist()
@@ -46,50 +91,88 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start
         q_len = starts[i + 1] - starts[i]
         if q_len <= 1:
             continue
-        # 4-D tensors with the KV heads repeated: CPU's fused (flash) SDPA takes those, while
-        # 3-D or enable_gqa inputs fall back to the unfused math path (about 4x slower on prefill).
-        q = query[starts[i] : starts[i + 1]].transpose(0, 1)[None]
-        k = _expand_heads(_gather_context(k_cache, block_tables[i], length), gqa, query.shape[1]).to(q.dtype)
-        v = _expand_heads(_gather_context(v_cache, block_tables[i], length), gqa, query.shape[1]).to(q.dtype)
+        q = query[starts[i] : starts[i + 1]].transpose(0, 1).unsqueeze(0)
+        k = _gather_context("k", k_cache, block_tables[i], length).transpose(0, 1).unsqueeze(0).to(q.dtype)
+        v = _gather_context("v", v_cache, block_tables[i], length).transpose(0, 1).unsqueeze(0).to(q.dtype)
         if q_len == length:  # no cached prefix: plain causal attention
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-        else:
-            q_pos = torch.arange(length - q_len, length, device=q.device)
-            mask = torch.arange(length, device=q.device)[None, :] <= q_pos[:, None]
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+        else:  # new tokens at the end of the context: causal aligned to the bottom right
+            mask = _causal_mask(q_len, length, q.dtype, q.device)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None], scale=scale, enable_gqa=gqa)
         out[starts[i] : starts[i + 1]] = o[0].transpose(0, 1)
     return out
 
 
-def _expand_heads(context, gqa: bool, num_heads: int):
-    """[length, kv_heads, D] -> [1, heads, length, D], each KV head repeated for its query heads."""
-    context = context.transpose(0, 1)
-    if gqa:
-        context = context.repeat_interleave(num_heads // context.shape[0], dim=0)
-    return context[None]
+def _additive(keep, dtype):
+    """A boolean keep-mask as 0 / -inf in `dtype`."""
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, float("-inf"))
 
 
 def _decode_attention(query, k_cache, v_cache, block_tables, lengths, starts, rows, scale, out):
-    """All single-token queries at once: gather padded contexts and mask the padding."""
-    num_blocks_total, block_size, num_kv_heads, head_dim = k_cache.shape
-    device = query.device
-    row_idx = torch.tensor(rows, device=device)
-    lens = torch.tensor([lengths[r] for r in rows], device=device)
-    max_len = max(lengths[r] for r in rows)
-    tables = block_tables[row_idx, : -(-max_len // block_size)].long().flatten()
-    batch = len(rows)
+    """All single-token queries at once, grouped by shared prefix: sequences whose block tables
+    start with the same blocks (a common system prompt, sibling samples) read those blocks once
+    for the whole group, and only their own tails are gathered per sequence, padded and masked."""
+    block_size = k_cache.shape[1]
+    tables = block_tables[torch.tensor(rows, device=block_tables.device)].tolist()
+    groups: dict[int, list[int]] = {}
+    for i, table in enumerate(tables):
+        groups.setdefault(table[0], []).append(i)
+    batches, alone = [], []  # (members, shared blocks); sequences sharing nothing go in one batch
+    for members in groups.values():
+        shared = 0
+        if len(members) > 1:  # leading blocks all members hold, short of every member's own token
+            limit = (min(lengths[rows[i]] for i in members) - 1) // block_size
+            first = tables[members[0]]
+            while shared < limit and all(tables[i][shared] == first[shared] for i in members):
+                shared += 1
+        if shared:
+            batches.append((members, shared))
+        else:
+            alone.extend(members)
+    if alone:
+        batches.append((alone, 0))
+    for members, shared in batches:
+        _decode_group(query, k_cache, v_cache, [tables[i] for i in members], [lengths[rows[i]] for i in members],
+                      [starts[rows[i]] for i in members], shared, scale, out)
 
-    def gather(cache):  # [B, kv_heads, max_len, D]
-        ctx = cache.index_select(0, tables).view(batch, -1, num_kv_heads, head_dim)[:, :max_len]
+
+def _decode_group(query, k_cache, v_cache, tables, lengths, token_starts, shared, scale, out):
+    """Decode attention of sequences whose first `shared` blocks are the same ones."""
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    device, batch = query.device, len(tables)
+    group = query.shape[1] // num_kv_heads
+    prefix = shared * block_size
+    tail = max(lengths) - prefix
+    tail_blocks = -(-tail // block_size)
+    tail_ids = torch.tensor([t[shared : shared + tail_blocks] + [0] * (shared + tail_blocks - len(t)) for t in tables],
+                            device=device).flatten()
+
+    def tails(name, cache):  # [B, kv_heads, tail, D]
+        ctx = _gather_blocks(name, cache, tail_ids).view(batch, -1, num_kv_heads, head_dim)[:, :tail]
         return ctx.transpose(1, 2).to(query.dtype)
 
-    k, v = gather(k_cache), gather(v_cache)
-    token_idx = torch.tensor([starts[r] for r in rows], device=device)
-    q = query[token_idx].unsqueeze(2)  # [B, heads, 1, D]
-    valid = (torch.arange(max_len, device=device)[None, :] < lens[:, None])[:, None, None, :]
-    gqa = query.shape[1] != num_kv_heads
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=valid, scale=scale, enable_gqa=gqa)
-    out[token_idx] = o.squeeze(2)
+    token_idx = torch.tensor(token_starts, device=device)
+    # Plain batched matmuls over [B, kv_heads, group, ...]: one query per sequence is too little
+    # work for the flash kernel (which in bfloat16 is ~10x slower here). Scores are scaled and
+    # soft-maxed in float32, as transformers' eager attention does.
+    q = query[token_idx].view(batch, num_kv_heads, group, head_dim)
+    k, v = tails("k", k_cache), tails("v", v_cache)
+    tail_lens = torch.tensor(lengths, device=device) - prefix
+    scores = torch.matmul(q, k.transpose(-1, -2)).float()
+    scores += _additive(torch.arange(tail, device=device)[None, :] < tail_lens[:, None], torch.float32)[:, None, None]
+    if prefix:  # the shared blocks once, every member's queries as rows: [kv_heads, B * group, prefix]
+        ids = torch.tensor(tables[0][:shared], device=device)
+        kp = _gather_blocks("kp", k_cache, ids).view(prefix, num_kv_heads, head_dim).permute(1, 2, 0).to(q.dtype)
+        vp = _gather_blocks("vp", v_cache, ids).view(prefix, num_kv_heads, head_dim).transpose(0, 1).to(q.dtype)
+        qp = q.transpose(0, 1).reshape(num_kv_heads, batch * group, head_dim)
+        shared_scores = torch.matmul(qp, kp).float().view(num_kv_heads, batch, group, prefix).transpose(0, 1)
+        scores = torch.cat([shared_scores, scores], dim=-1)
+    probs = torch.softmax(scores.mul_(scale), dim=-1).to(v.dtype)
+    o = torch.matmul(probs[..., prefix:], v)
+    if prefix:
+        pp = probs[..., :prefix].transpose(0, 1).reshape(num_kv_heads, batch * group, prefix)
+        o += torch.matmul(pp, vp).view(num_kv_heads, batch, group, head_dim).transpose(0, 1)
+    out[token_idx] = o.reshape(batch, -1, head_dim)
 
 
 def rms_norm(x, weight, eps):

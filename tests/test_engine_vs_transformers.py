@@ -65,6 +65,24 @@ def test_prefix_caching_matches(tiny_model, arch):
     assert all(o.num_cached_tokens >= (len(p) - 1) // 16 * 16 for o, p in zip(again, prompts))
 
 
+def test_prefix_shared_within_one_step_matches(tiny_model):
+    """All prompts admitted in the first step: those after the first of each shared prefix
+    already reuse its blocks, written earlier in the same forward pass."""
+    path = tiny_model("llama")
+    prompts, max_tokens = make_prompts(seed=2, shared_prefixes=True)
+    llm = LLM(str(path), max_num_batched_tokens=8192)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in max_tokens]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    assert_pool_free(llm.llm_engine)
+    assert_same([o.outputs[0].token_ids for o in outs], reference(path, prompts, max_tokens))
+    # prefixes of 40, 100 and 200 tokens, in turn: the first three prompts computed theirs
+    for i, (out, prompt) in enumerate(zip(outs, prompts)):
+        prefix = (40, 100, 200)[i % 3]
+        want = 0 if i < 3 else min(prefix // 16, (len(prompt) - 1) // 16) * 16
+        assert out.num_cached_tokens >= want, (i, out.num_cached_tokens, want)
+    assert sum(o.num_cached_tokens for o in outs[3:]) > 0
+
+
 def test_everything_at_once_matches(tiny_model):
     """Prefix caching, chunked prefill and preemption all active in one run."""
     path = tiny_model("qwen3")
