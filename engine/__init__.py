@@ -8,8 +8,10 @@ prefix caching. Runs standalone: `from engine import LLM, SamplingParams`.
 from engine.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from engine.outputs import CompletionOutput, Logprob, RequestOutput
 from engine.sampling_params import RequestOutputKind, SamplingParams
+from engine.structured_params import StructuredOutputsParams
 
 __all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "RequestOutputKind",
+           "StructuredOutputsParams",
            "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence"]
 
 

@@ -150,6 +150,7 @@ class EngineConfig:
     generation_config: str = "auto"  # auto | vllm | a directory with generation_config.json
     override_generation_config: dict | None = None  # merged over generation_config.json's defaults
     max_logprobs: int = 20  # most logprobs / prompt_logprobs a request may ask for; -1: the vocabulary
+    grammar_cache_size: int = 256  # compiled structured-output grammars kept (least recently used out)
 
     def __post_init__(self):
         if self.seed is None:  # vLLM: no seed, no reproducibility
@@ -160,6 +161,8 @@ class EngineConfig:
             raise ValueError("hf_overrides must be a dict merged over config.json (callables are not supported)")
         if not isinstance(self.max_logprobs, int) or self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be an integer >= 0 or -1, got {self.max_logprobs!r}")
+        if not isinstance(self.grammar_cache_size, int) or self.grammar_cache_size < 1:
+            raise ValueError(f"grammar_cache_size must be a positive integer, got {self.grammar_cache_size!r}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.max_num_seqs < 1:

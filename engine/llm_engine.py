@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 
 import torch
@@ -22,8 +23,9 @@ from engine.request_checks import check_against_model
 from engine.sampler import SampleLogprobs, Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from engine.sequence import Sequence, SequenceStatus
 from engine.stop_strings import StopStrings
+from engine.structured_outputs import StructuredOutputs, advance
 from engine.token_masks import bad_words_token_ids
 from engine.tokenizer import Detokenizer, encode_prompt, load_tokenizer
 
@@ -39,6 +41,7 @@ class _Request:
     prompt_token_ids: list[int]
     params: SamplingParams
     seqs: list[Sequence]
+    grammar: Future | None = None  # the compiled grammar under structured outputs
 
 
 class LLMEngine:
@@ -67,6 +70,8 @@ class LLMEngine:
         )
         self.sampler = Sampler(self.model_config.vocab_size, self.device, self.config.seed)
         self.detokenizer = Detokenizer(self.tokenizer)
+        self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids,
+                                            cache_entries=cfg.grammar_cache_size)
         self.requests: dict[str, _Request] = {}  # admitted to the scheduler
         self._incoming: deque[_Request] = deque()  # added, not yet admitted
         self._known_ids: set[str] = set()  # ids of both
@@ -120,6 +125,8 @@ class LLMEngine:
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise ValueError if the request can never be served."""
         check_against_model(params, self.model_config.vocab_size, self.config.max_logprobs)
+        if params.structured_outputs is not None:
+            self.structured.check(params.structured_outputs)
         n = len(prompt_token_ids)
         if n == 0:
             raise ValueError("the prompt is empty")
@@ -148,11 +155,12 @@ class LLMEngine:
                 for i in range(params.n)]
         for seq in seqs:
             seq.bad_words_token_ids = bad_words
+        grammar = self.structured.start(params.structured_outputs) if params.structured_outputs else None
         with self._intake_lock:
             if request_id in self._known_ids:
                 raise ValueError(f"request id {request_id!r} is already in use")
             self._known_ids.add(request_id)
-            self._incoming.append(_Request(request_id, text, ids, params, seqs))
+            self._incoming.append(_Request(request_id, text, ids, params, seqs, grammar))
 
     def abort_request(self, request_id: str) -> bool:
         """Drop a request now; its blocks return to the pool at once. False if unknown."""
@@ -185,15 +193,11 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one scheduling step; returns the requests that finished in it."""
         with self._lock:
-            with self._intake_lock:
-                incoming, self._incoming = self._incoming, deque()
-            for req in incoming:
-                self.requests[req.request_id] = req
-                for seq in req.seqs:
-                    self.scheduler.add(seq)
+            failed = self._admit_incoming()
             batch = self.scheduler.schedule()
             if not batch:
-                return []
+                self._wait_for_grammars()
+                return failed
             spans, rows = plan_prompt_logprobs(batch)
             logits, hidden = self.runner.execute(batch, rows) if rows else (self.runner.execute(batch), None)
             if spans:
@@ -204,12 +208,15 @@ class LLMEngine:
             for seq, n in zip(batch.seqs, batch.num_new_tokens):
                 seq.num_computed_tokens += n
                 self.block_manager.register_full_blocks(seq)
-            finished: list[RequestOutput] = []
+            finished: list[RequestOutput] = failed
             for i, seq in enumerate(samplers):
                 seq.append_token(tokens[i])
+                grammar_done = advance(seq, tokens[i])
                 if logprobs is not None and seq.logprobs is not None:
                     self._record_logprobs(seq, logprobs[i])
                 self._check_stop(seq)
+                if grammar_done and not seq.is_finished:  # only with ignore_eos: nothing may follow
+                    self._finish(seq, "stop", None)
                 if seq.is_finished:
                     output = self._request_done(seq)
                     if output is not None:
@@ -219,6 +226,37 @@ class LLMEngine:
             self.stats["tokens"] += batch.num_tokens
             self.stats["preemptions"] = self.scheduler.num_preemptions
             return finished
+
+    def _admit_incoming(self) -> list[RequestOutput]:
+        """Hand the added requests to the scheduler; a request whose grammar is still compiling
+        stays queued (in order) for a later step. Returns those whose grammar failed, finished."""
+        with self._intake_lock:
+            incoming = self._incoming
+            self._incoming = deque(r for r in incoming if r.grammar is not None and not r.grammar.done())
+        failed = []
+        for req in incoming:
+            if req.grammar is not None and not req.grammar.done():
+                continue
+            self.requests[req.request_id] = req
+            if req.grammar is not None:
+                try:
+                    self.structured.attach(req.seqs, req.grammar)
+                except Exception as exc:  # noqa: BLE001 - check_request built it; compiling can still fail
+                    log.error("request %s: its grammar failed to compile: %s", req.request_id, exc)
+                    for seq in req.seqs:
+                        seq.finish_reason, seq.status = "abort", SequenceStatus.FINISHED
+                    failed.append(self._request_done(req.seqs[0]))
+                    continue
+            for seq in req.seqs:
+                self.scheduler.add(seq)
+        return failed
+
+    def _wait_for_grammars(self) -> None:
+        """With nothing to run, wait (briefly) for a queued request's grammar instead of spinning."""
+        with self._intake_lock:
+            pending = [r.grammar for r in self._incoming if r.grammar is not None]
+        if pending:
+            wait(pending, timeout=0.05, return_when=FIRST_COMPLETED)
 
     def _logprob_entry(self, seq: Sequence, sample: SampleLogprobs) -> dict[int, Logprob]:
         """vLLM's shape: the sampled (or prompt) token first, then the top tokens by rank."""

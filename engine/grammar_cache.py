@@ -1,0 +1,97 @@
+"""Compiled grammars, one per distinct constraint per engine, built off the step's thread.
+
+`GrammarCache.get(spec)` returns a future of xgrammar's `CompiledGrammar`: the first request
+with a constraint starts its compilation on a small thread pool, later ones share the future.
+The cache keeps the most recently used `max_entries` constraints (least recently used first out).
+`check_spec` builds the tokenizer-independent grammar at request-check time, so a constraint
+xgrammar cannot follow is refused with a clear error before it reaches the scheduler.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import xgrammar as xgr
+
+from engine.structured_params import StructuredOutputsParams
+
+
+def choice_regex(choice: list[str]) -> str:
+    return "(" + "|".join(re.escape(c) for c in choice) + ")"
+
+
+def _json_options(spec: StructuredOutputsParams) -> dict:
+    return {"any_whitespace": not spec.disable_any_whitespace, "strict_mode": True}
+
+
+def _grammar(spec: StructuredOutputsParams) -> xgr.Grammar:
+    kind = spec.kind
+    if kind == "json":
+        return xgr.Grammar.from_json_schema(spec.json, **_json_options(spec))
+    if kind == "json_object":
+        return xgr.Grammar.builtin_json_grammar()
+    if kind == "regex":
+        return xgr.Grammar.from_regex(spec.regex)
+    if kind == "choice":
+        return xgr.Grammar.from_regex(choice_regex(spec.choice))
+    try:
+        return xgr.Grammar.from_ebnf(spec.grammar)
+    except Exception as ebnf_error:  # noqa: BLE001 - a Lark grammar is the other accepted form
+        try:
+            return xgr.Grammar.from_lark(spec.grammar)
+        except Exception:  # noqa: BLE001
+            raise ebnf_error from None
+
+
+def check_spec(spec: StructuredOutputsParams) -> None:
+    """Raise ValueError naming the problem when xgrammar cannot build the constraint."""
+    try:
+        _grammar(spec)
+    except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError and others
+        message = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"structured_outputs.{spec.kind} cannot be compiled: {message[:500]}") from None
+
+
+class GrammarCache:
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int], *,
+                 max_entries: int = 256, threads: int = 2):
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
+        # xgrammar's own cache is off: ours bounds by entries and holds futures
+        self.compiler = xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)
+        self.vocab_size = vocab_size
+        self.max_entries = max_entries
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grammar")
+        self._entries: OrderedDict[str, Future] = OrderedDict()
+        self._lock = threading.Lock()
+        self.compilations = 0  # how many grammars were compiled (a cache miss each)
+
+    def get(self, spec: StructuredOutputsParams) -> Future:
+        key = spec.key()
+        with self._lock:
+            future = self._entries.get(key)
+            if future is not None:
+                self._entries.move_to_end(key)
+                return future
+            future = self._pool.submit(self._compile, spec)
+            self._entries[key] = future
+            self.compilations += 1
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+            return future
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _compile(self, spec: StructuredOutputsParams) -> xgr.CompiledGrammar:
+        kind = spec.kind
+        if kind == "json":
+            return self.compiler.compile_json_schema(spec.json, **_json_options(spec))
+        if kind == "json_object":
+            return self.compiler.compile_builtin_json_grammar()
+        return self.compiler.compile_grammar(_grammar(spec))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
