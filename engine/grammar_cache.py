@@ -20,19 +20,41 @@ from engine.structured_params import StructuredOutputsParams
 
 
 def choice_regex(choice: list[str]) -> str:
-    return "(" + "|".join(re.escape(c) for c in choice) + ")"
+    """One alternative per choice, only regex syntax escaped (xgrammar warns on other escapes)."""
+    return "(" + "|".join(re.sub(r"([\\.^$|?*+()\[\]{}])", r"\\\1", c) for c in choice) + ")"
+
+
+_ANY_OBJECT = {"type": "object"}  # json_object: OpenAI's "a JSON object", any keys
 
 
 def _json_options(spec: StructuredOutputsParams) -> dict:
     return {"any_whitespace": not spec.disable_any_whitespace, "strict_mode": True}
 
 
+def json_safe_strings(node):
+    """The schema with each length-bounded string spelled as a pattern of JSON's unescaped
+    characters: xgrammar's own grammar for minLength/maxLength lets raw control characters and
+    UTF-8-encoded surrogates through, which JSON (and UTF-8) forbid. (Its grammar has no escapes
+    either, so nothing is lost.)"""
+    if isinstance(node, list):
+        return [json_safe_strings(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    node = {k: json_safe_strings(v) for k, v in node.items()}
+    bounded = "minLength" in node or "maxLength" in node
+    if node.get("type") == "string" and bounded and not {"pattern", "format", "enum", "const"} & node.keys():
+        low, high = node.pop("minLength", 0), node.pop("maxLength", "")
+        node["pattern"] = r'^[^"\\\x00-\x1f\ud800-\udfff]{' + f"{low},{high}" + "}$"
+    return node
+
+
 def _grammar(spec: StructuredOutputsParams) -> xgr.Grammar:
     kind = spec.kind
     if kind == "json":
-        return xgr.Grammar.from_json_schema(spec.json, **_json_options(spec))
+        return xgr.Grammar.from_json_schema(json_safe_strings(spec.json), **_json_options(spec))
     if kind == "json_object":
-        return xgr.Grammar.builtin_json_grammar()
+        return xgr.Grammar.from_json_schema(_ANY_OBJECT, any_whitespace=not spec.disable_any_whitespace,
+                                            strict_mode=False)
     if kind == "regex":
         return xgr.Grammar.from_regex(spec.regex)
     if kind == "choice":
@@ -51,7 +73,9 @@ def check_spec(spec: StructuredOutputsParams) -> None:
     try:
         _grammar(spec)
     except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError and others
-        message = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+        # xgrammar's C++ errors start "[time] path/file.cc:line: "
+        message = re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", lines[0]) if lines else type(exc).__name__
         raise ValueError(f"structured_outputs.{spec.kind} cannot be compiled: {message[:500]}") from None
 
 
@@ -88,9 +112,7 @@ class GrammarCache:
     def _compile(self, spec: StructuredOutputsParams) -> xgr.CompiledGrammar:
         kind = spec.kind
         if kind == "json":
-            return self.compiler.compile_json_schema(spec.json, **_json_options(spec))
-        if kind == "json_object":
-            return self.compiler.compile_builtin_json_grammar()
+            return self.compiler.compile_json_schema(json_safe_strings(spec.json), **_json_options(spec))
         return self.compiler.compile_grammar(_grammar(spec))
 
     def close(self) -> None:
