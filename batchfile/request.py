@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 CHAT_URL = "/v1/chat/completions"
@@ -19,6 +19,8 @@ class ParsedRequest:
     prompt_token_ids: list[int]
     sampling_params: Any  # engine.SamplingParams
     body: dict  # the line's body as uploaded (before job defaults)
+    # how to shape the response: "copies" (n identical greedy choices), "tools" (tool_calls.read_tools)
+    options: dict = field(default_factory=dict)
 
     @property
     def is_chat(self) -> bool:

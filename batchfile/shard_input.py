@@ -76,6 +76,8 @@ def encode_request(item: ParsedRequest) -> str:
     """A shard-input line; only the sampling parameters that differ from the defaults are written."""
     sp = item.sampling_params
     params = {name: value for name, default in _param_defaults().items() if (value := getattr(sp, name)) != default}
+    if sp.structured_outputs is not None:
+        params["structured_outputs"] = sp.structured_outputs.to_dict()
     record = {
         "line": item.line,
         "custom_id": item.custom_id,
@@ -84,6 +86,8 @@ def encode_request(item: ParsedRequest) -> str:
         "prompt_token_ids": item.prompt_token_ids,
         "params": params,
     }
+    if item.options:
+        record["options"] = item.options
     return _encode(record) + "\n"
 
 
@@ -97,4 +101,5 @@ def decode_request(line: str | bytes) -> ParsedRequest:
         prompt_token_ids=record["prompt_token_ids"],
         sampling_params=SamplingParams(**record["params"]),
         body={},
+        options=record.get("options", {}),
     )

@@ -33,6 +33,7 @@ from batchfile.fields import as_bool, messages_of, prompt_of, type_name
 from batchfile.model_limits import ModelLimits
 from batchfile.request import CHAT_URL, URLS, ParsedRequest
 from batchfile.sampling import OPENAI_BOUNDS, RequestBounds, check_output_budget, merge_defaults, sampling_kwargs
+from batchfile.tool_calls import read_tools
 from engine.sampling_params import SamplingParams
 
 MAX_CUSTOM_ID_LENGTH = 512
@@ -56,6 +57,8 @@ class Pending:
     token_ids: list[int] | None = None
     bounds: RequestBounds = OPENAI_BOUNDS
     plain_content: dict[str, str] | None = None  # placeholder -> message content to tokenize as plain text
+    options: dict | None = None  # ParsedRequest.options
+    tools: list | None = None  # for the chat template
 
 
 def _reject_constant(name: str):
@@ -156,11 +159,13 @@ class LineValidator:
         body = merge_defaults(raw_body, self.defaults)
         limits = self._model(body.get("model"))
         params, explicit = sampling_kwargs(body, url, self.bounds)
+        options, tools = _shape_options(body, url, params)
         try:
             sampling = SamplingParams(**params)
         except (ValueError, TypeError) as e:
             raise InvalidLine(INVALID_PARAMETER, str(e)) from None
-        pending = Pending(line, custom_id, url, limits, raw_body, sampling, explicit, bounds=self.bounds)
+        pending = Pending(line, custom_id, url, limits, raw_body, sampling, explicit, bounds=self.bounds,
+                          options=options, tools=tools)
         _read_prompt(pending, body)
         return pending
 
@@ -182,6 +187,27 @@ class LineValidator:
         return limits
 
 
+def _shape_options(body: dict, url: str, params: dict) -> tuple[dict, list | None]:
+    """The response options and the chat template's tools; edits `params`: n greedy copies run as
+    one sample (OpenAI accepts n > 1 at temperature 0; the engine, as vLLM, does not), and
+    tool_choice required or named adds its constraint."""
+    options: dict = {}
+    n = params.get("n", 1)
+    if n > 1 and params.get("temperature", 1.0) == 0:
+        params["n"], options["copies"] = 1, n
+    tools = None
+    if url == CHAT_URL:
+        tools, tool_options, spec = read_tools(body)
+        if tool_options:
+            options["tools"] = tool_options
+        if spec is not None:
+            if "structured_outputs" in params:
+                raise InvalidLine(INVALID_PARAMETER, "tool_choice required or a named function already "
+                                  "constrains the output; leave out response_format and structured_outputs")
+            params["structured_outputs"] = spec
+    return options, tools
+
+
 def _read_prompt(pending: Pending, body: dict) -> None:
     special = body.get("add_special_tokens")
     if special is not None:
@@ -192,6 +218,8 @@ def _read_prompt(pending: Pending, body: dict) -> None:
         if kwargs is not None and not isinstance(kwargs, dict):
             raise InvalidLine(INVALID_PARAMETER, "chat_template_kwargs must be an object")
         pending.template_kwargs = kwargs or None
+        if pending.tools:
+            pending.template_kwargs = {**(kwargs or {}), "tools": pending.tools}
         pending.add_special_tokens = bool(special)
     else:
         pending.text, pending.token_ids = prompt_of(body.get("prompt"), pending.limits.vocab_size)
@@ -212,6 +240,7 @@ def finish(pending: Pending) -> ParsedRequest:
         pending.token_ids,
         pending.sampling,
         pending.body,
+        pending.options or {},
     )
 
 
