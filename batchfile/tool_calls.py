@@ -46,9 +46,9 @@ def read_tools(body: Mapping) -> tuple[list[dict] | None, dict | None, Structure
     options = {"mode": mode, "names": sorted(schemas)}
     if mode == "named":
         options["name"] = name
-        return tools, options, build("tools", json=schemas[name])
+        return tools, options, build("tools", json=schemas[name], disable_any_whitespace=True)
     if mode == "required":
-        return tools, options, build("tools", json=required_schema(schemas, parallel))
+        return tools, options, build("tools", json=required_schema(schemas, parallel), disable_any_whitespace=True)
     return tools, (options if mode == "auto" else None), None
 
 

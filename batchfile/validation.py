@@ -218,8 +218,6 @@ def _read_prompt(pending: Pending, body: dict) -> None:
         if kwargs is not None and not isinstance(kwargs, dict):
             raise InvalidLine(INVALID_PARAMETER, "chat_template_kwargs must be an object")
         pending.template_kwargs = kwargs or None
-        if pending.tools:
-            pending.template_kwargs = {**(kwargs or {}), "tools": pending.tools}
         pending.add_special_tokens = bool(special)
     else:
         pending.text, pending.token_ids = prompt_of(body.get("prompt"), pending.limits.vocab_size)
