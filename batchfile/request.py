@@ -7,7 +7,9 @@ from typing import Any
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
-URLS = (CHAT_URL, COMPLETIONS_URL)
+RESPONSES_URL = "/v1/responses"
+URLS = (CHAT_URL, COMPLETIONS_URL, RESPONSES_URL)
+MESSAGE_URLS = (CHAT_URL, RESPONSES_URL)  # a conversation through the chat template
 
 
 @dataclass
@@ -24,4 +26,4 @@ class ParsedRequest:
 
     @property
     def is_chat(self) -> bool:
-        return self.url == CHAT_URL
+        return self.url in MESSAGE_URLS

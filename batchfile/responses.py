@@ -8,7 +8,8 @@ import math
 import time
 import uuid
 
-from batchfile.request import ParsedRequest
+from batchfile.request import RESPONSES_URL, ParsedRequest
+from batchfile.responses_api import response_object
 from batchfile.tool_calls import with_tool_calls
 
 
@@ -136,6 +137,8 @@ def response_body(request: ParsedRequest, output, *, tokenizer=None, created: in
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
     if options.get("tools") and request.is_chat:
         body["choices"] = [with_tool_calls(c, options["tools"]) for c in body["choices"]]
+    if request.url == RESPONSES_URL:
+        return response_object(body, options.get("responses") or {}, cached_tokens=output.num_cached_tokens or 0)
     return body
 
 

@@ -31,7 +31,8 @@ from batchfile.errors import (
 )
 from batchfile.fields import as_bool, messages_of, prompt_of, type_name
 from batchfile.model_limits import ModelLimits
-from batchfile.request import CHAT_URL, URLS, ParsedRequest
+from batchfile.request import CHAT_URL, MESSAGE_URLS, RESPONSES_URL, URLS, ParsedRequest
+from batchfile.responses_api import to_chat_body
 from batchfile.sampling import OPENAI_BOUNDS, RequestBounds, check_output_budget, merge_defaults, sampling_kwargs
 from batchfile.tool_calls import read_tools
 from engine.sampling_params import SamplingParams
@@ -156,10 +157,14 @@ class LineValidator:
         raw_body = obj.get("body")
         if not isinstance(raw_body, dict):
             raise InvalidLine(INVALID_REQUEST, f"body must be a JSON object, got {type_name(raw_body)}")
-        body = merge_defaults(raw_body, self.defaults)
+        body, echo = merge_defaults(raw_body, self.defaults), None
+        if url == RESPONSES_URL:  # validated as the chat request it amounts to
+            body, echo = to_chat_body(body)
         limits = self._model(body.get("model"))
-        params, explicit = sampling_kwargs(body, url, self.bounds)
-        options, tools = _shape_options(body, url, params)
+        params, explicit = sampling_kwargs(body, CHAT_URL if echo is not None else url, self.bounds)
+        options, tools = _shape_options(body, CHAT_URL if echo is not None else url, params)
+        if echo is not None:
+            options["responses"] = echo
         try:
             sampling = SamplingParams(**params)
         except (ValueError, TypeError) as e:
@@ -212,7 +217,7 @@ def _read_prompt(pending: Pending, body: dict) -> None:
     special = body.get("add_special_tokens")
     if special is not None:
         as_bool("add_special_tokens", special)
-    if pending.url == CHAT_URL:
+    if pending.url in MESSAGE_URLS:
         pending.messages = messages_of(body.get("messages"))
         kwargs = body.get("chat_template_kwargs")
         if kwargs is not None and not isinstance(kwargs, dict):
@@ -245,7 +250,7 @@ def finish(pending: Pending) -> ParsedRequest:
 def _fit_context(pending: Pending, ids: list[int]) -> None:
     sampling, limit = pending.sampling, pending.limits.max_model_len
     if not ids:
-        chat = pending.url == CHAT_URL
+        chat = pending.url in MESSAGE_URLS
         raise InvalidLine(
             INVALID_MESSAGES if chat else INVALID_PROMPT,
             f"{'messages' if chat else 'prompt'} tokenized to nothing",

@@ -264,3 +264,53 @@ def test_auto_parses_hermes_and_llama_formats(text, names, content):
     assert [c["function"]["name"] for c in calls] == names
     for call in calls:
         jsonschema.validate(json.loads(call["function"]["arguments"]), PARAMS[call["function"]["name"]])
+
+
+# ---- /v1/responses -------------------------------------------------------------------------------
+
+
+def test_responses_lines_answer_with_response_objects(limits, llm):
+    from openai.types.responses import Response
+
+    fmt = {"type": "json_schema", "name": "person", "schema": SCHEMA, "strict": True}
+    items = [
+        {"custom_id": "text", "method": "POST", "url": "/v1/responses",
+         "body": {"model": "tiny", "input": "Hello!", "instructions": "Be brief.", "max_output_tokens": 6,
+                  "temperature": 0}},
+        {"custom_id": "schema", "method": "POST", "url": "/v1/responses",
+         "body": {"model": "tiny", "input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}],
+                  "text": {"format": fmt}, "max_output_tokens": 200, "temperature": 1.0}},
+        {"custom_id": "tool", "method": "POST", "url": "/v1/responses",
+         "body": {"model": "tiny", "input": [
+             {"role": "user", "content": "Weather?"},
+             {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Oslo"}'},
+             {"type": "function_call_output", "call_id": "call_1", "output": "5 degrees"},
+             {"role": "user", "content": "And in Rome?"}],
+             "tools": [{"type": "function", **WEATHER["function"]}], "max_output_tokens": 120,
+             "tool_choice": {"type": "function", "name": "get_weather"}}},
+    ]
+    requests = [through_shard_line(r) for r in parse(limits, *items)]
+    assert all(not isinstance(r, LineError) for r in requests), requests
+    prompt = limits.tokenizer.decode(requests[0].prompt_token_ids)
+    assert "system\nBe brief." in prompt and "user\nHello!" in prompt
+    assert "<tool_response>\n5 degrees" in limits.tokenizer.decode(requests[2].prompt_token_ids)
+    bodies = {r.custom_id: Response.model_validate(b) for r, b in zip(requests, run(llm, requests))}
+    assert bodies["text"].status == "incomplete" and bodies["text"].incomplete_details.reason == "max_output_tokens"
+    assert bodies["text"].usage.output_tokens == 6 and bodies["text"].instructions == "Be brief."
+    jsonschema.validate(json.loads(bodies["schema"].output_text), SCHEMA)
+    (call,) = bodies["tool"].output
+    assert call.type == "function_call" and call.name == "get_weather"
+    jsonschema.validate(json.loads(call.arguments), PARAMS["get_weather"])
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({"input": []}, "non-empty array"),
+    ({"input": "x", "tools": [{"type": "web_search"}]}, "function only"),
+    ({"input": "x", "text": {"format": {"type": "xml"}}}, "text.format.type"),
+    ({"input": "x", "frobnicate": 1}, "unknown parameter"),
+    ({"input": [{"type": "image", "url": "x"}]}, "not supported"),
+])
+def test_bad_responses_lines(limits, body, message):
+    (bad,) = parse(limits, {"custom_id": "r", "method": "POST", "url": "/v1/responses",
+                            "body": {"model": "tiny", **body}})
+    assert isinstance(bad, LineError) and message in bad.message, bad
