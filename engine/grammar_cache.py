@@ -82,9 +82,9 @@ def check_spec(spec: StructuredOutputsParams) -> None:
 class GrammarCache:
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int], *,
                  max_entries: int = 256, threads: int = 2):
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
-        # xgrammar's own cache is off: ours bounds by entries and holds futures
-        self.compiler = xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)
+        self._compiler_args = (tokenizer, vocab_size, stop_token_ids, threads)
+        self._compiler: xgr.GrammarCompiler | None = None  # built by the first compilation, on the pool
+        self._compiler_lock = threading.Lock()
         self.vocab_size = vocab_size
         self.max_entries = max_entries
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grammar")
@@ -108,6 +108,18 @@ class GrammarCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    @property
+    def compiler(self) -> xgr.GrammarCompiler:
+        """xgrammar's compiler over the tokenizer's vocabulary (reading a large vocabulary takes seconds)."""
+        with self._compiler_lock:
+            if self._compiler is None:
+                tokenizer, vocab_size, stop_token_ids, threads = self._compiler_args
+                info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                          stop_token_ids=stop_token_ids)
+                # xgrammar's own cache is off: ours bounds by entries and holds futures
+                self._compiler = xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)
+            return self._compiler
 
     def _compile(self, spec: StructuredOutputsParams) -> xgr.CompiledGrammar:
         kind = spec.kind
