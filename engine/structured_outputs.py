@@ -76,12 +76,28 @@ def advance(seq: Sequence, token: int) -> bool:
     return matcher.is_terminated()
 
 
-def fill_grammar_bitmask(seqs: list[Sequence], vocab_size: int) -> tuple[torch.Tensor, list[int]] | None:
-    """(a bitmask with a row per sequence, the constrained rows), or None if no row is constrained."""
+def _buffers(rows: int, vocab_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """This thread's bitmask buffers (host, pinned for a GPU; and on the device), reused every step.
+    Reusing the host buffer is safe: each step waits for its sampled tokens, after the copy."""
+    words = (vocab_size + 31) // 32
+    buffers = _local.__dict__.setdefault("buffers", {})
+    host, on_device = buffers.get((device, words), (None, None))
+    if host is None or host.shape[0] < rows:
+        size = max(rows, 2 * (host.shape[0] if host is not None else 32))
+        host = torch.empty(size, words, dtype=torch.int32, pin_memory=device.type == "cuda")
+        on_device = host if device.type == "cpu" else torch.empty_like(host, device=device)
+        buffers[(device, words)] = (host, on_device)
+    return host[:rows], on_device[:rows]
+
+
+def fill_grammar_bitmask(seqs: list[Sequence], vocab_size: int,
+                         bitmask: torch.Tensor | None = None) -> tuple[torch.Tensor, list[int]] | None:
+    """(a bitmask with a row per sequence, the constrained rows filled), or None if no row is constrained."""
     rows = [i for i, s in enumerate(seqs) if s.grammar is not None and not s.grammar.is_terminated()]
     if not rows:
         return None
-    bitmask = xgr.allocate_token_bitmask(len(seqs), vocab_size)
+    if bitmask is None:
+        bitmask = xgr.allocate_token_bitmask(len(seqs), vocab_size)
     if len(rows) == 1:
         seqs[rows[0]].grammar.fill_next_token_bitmask(bitmask, rows[0])
     else:
@@ -93,11 +109,14 @@ def fill_grammar_bitmask(seqs: list[Sequence], vocab_size: int) -> tuple[torch.T
 
 def apply_grammar_bitmask(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """Mask, in place, every token a constrained row's grammar does not allow next."""
-    filled = fill_grammar_bitmask(seqs, logits.shape[-1])
+    if not any(s.grammar is not None for s in seqs):
+        return logits
+    host, on_device = _buffers(len(seqs), logits.shape[-1], logits.device)
+    filled = fill_grammar_bitmask(seqs, logits.shape[-1], host)
     if filled is None:
         return logits
     bitmask, rows = filled
     if logits.device.type != "cpu":
-        bitmask = bitmask.pin_memory().to(logits.device, non_blocking=True)
+        bitmask = on_device.copy_(host, non_blocking=True)
     xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=logits.shape[-1], indices=rows)
     return logits
