@@ -230,13 +230,13 @@ class LLMEngine:
     def _admit_incoming(self) -> list[RequestOutput]:
         """Hand the added requests to the scheduler; a request whose grammar is still compiling
         stays queued (in order) for a later step. Returns those whose grammar failed, finished."""
+        ready, compiling = [], deque()
         with self._intake_lock:
-            incoming = self._incoming
-            self._incoming = deque(r for r in incoming if r.grammar is not None and not r.grammar.done())
+            for req in self._incoming:  # each future looked at once: it may finish meanwhile
+                (compiling if req.grammar is not None and not req.grammar.done() else ready).append(req)
+            self._incoming = compiling
         failed = []
-        for req in incoming:
-            if req.grammar is not None and not req.grammar.done():
-                continue
+        for req in ready:
             self.requests[req.request_id] = req
             if req.grammar is not None:
                 try:

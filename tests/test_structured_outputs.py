@@ -245,3 +245,32 @@ def test_structured_outputs_round_trip_through_a_dict():
     spec = StructuredOutputsParams(json={"type": "integer"}, disable_any_whitespace=True)
     again = SamplingParams(structured_outputs=spec.to_dict()).structured_outputs
     assert again == spec and again.key() == spec.key()
+
+
+def test_a_compiling_grammar_holds_back_only_its_own_request(model_dir, monkeypatch):
+    """Compilation runs off the step: while a grammar compiles, other requests run and finish,
+    and the constrained request waits in the queue, then runs once its grammar is ready."""
+    import threading
+
+    from engine.grammar_cache import GrammarCache
+
+    release = threading.Event()
+    compile_for_real = GrammarCache._compile
+
+    def slow_compile(self, spec):
+        assert release.wait(60)
+        return compile_for_real(self, spec)
+
+    monkeypatch.setattr(GrammarCache, "_compile", slow_compile)
+    eng = LLM(str(model_dir), device="cpu", dtype="float32", num_kv_blocks=32).llm_engine
+    eng.add_request("constrained", "Hello", SamplingParams(max_tokens=20, structured_outputs={"choice": ["yes", "no"]}))
+    eng.add_request("free", "Hello", SamplingParams(max_tokens=4, ignore_eos=True))
+    done = {}
+    for _ in range(10):
+        done.update({o.request_id: o for o in eng.step()})
+    assert "free" in done and "constrained" not in done
+    assert not any(s.request_id == "constrained" for s in eng.scheduler.running + list(eng.scheduler.waiting))
+    release.set()
+    while eng.has_unfinished_requests():
+        done.update({o.request_id: o for o in eng.step()})
+    assert done["constrained"].outputs[0].text in ("yes", "no")
