@@ -155,6 +155,8 @@ def _map_field(key: str, value, url: str, chat: bool, kwargs: dict) -> None:
             if key == "stream":
                 raise InvalidLine(UNSUPPORTED_PARAMETER, "stream=true is not supported in a batch request")
             raise InvalidLine(UNSUPPORTED_PARAMETER, f"{key}={json.dumps(value)[:60]} is not supported")
+    elif key in tool_calls.FIELDS and (not value or key == "parallel_tool_calls"):
+        pass  # no tools on /v1/completions: harmless when empty, as before tools were supported
     elif key in _OTHER_ENDPOINT:
         raise InvalidLine(UNSUPPORTED_PARAMETER, f"{key} is not a parameter of {url}")
     else:

@@ -237,7 +237,7 @@ BAD_LINES = [
     (line(stream=True), errors.UNSUPPORTED_PARAMETER, "stream=true"),
     (line(tools=[{"type": "function"}]), errors.INVALID_PARAMETER, "tools[0] must be"),
     (line(response_format={"type": "xml"}), errors.INVALID_PARAMETER, "response_format.type"),
-    (line(url=COMPLETIONS, prompt="x", tools=[]), errors.UNSUPPORTED_PARAMETER, "tools"),
+    (line(url=COMPLETIONS, prompt="x", tools=[{"type": "function"}]), errors.UNSUPPORTED_PARAMETER, "tools"),
     (line(max_token=5), errors.UNSUPPORTED_PARAMETER, "unknown parameter 'max_token'"),
     (line(chat_template_kwargs=[1]), errors.INVALID_PARAMETER, "chat_template_kwargs"),
 ]

@@ -314,3 +314,9 @@ def test_bad_responses_lines(limits, body, message):
     (bad,) = parse(limits, {"custom_id": "r", "method": "POST", "url": "/v1/responses",
                             "body": {"model": "tiny", **body}})
     assert isinstance(bad, LineError) and message in bad.message, bad
+
+
+def test_empty_tool_fields_stay_harmless_on_completions(limits):
+    (request,) = parse(limits, line(url=COMPLETIONS_URL, tools=[], tool_choice=None, parallel_tool_calls=True))
+    assert not isinstance(request, LineError), request
+    assert request.options == {} and request.sampling_params.structured_outputs is None
