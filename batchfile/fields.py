@@ -3,6 +3,7 @@ messages, the completion prompt."""
 
 from __future__ import annotations
 
+import json
 import math
 
 from batchfile.errors import INVALID_MESSAGES, INVALID_PARAMETER, INVALID_PROMPT, InvalidLine
@@ -94,11 +95,41 @@ def _message(i: int, message) -> dict:
     if role not in CHAT_ROLES:
         raise InvalidLine(INVALID_MESSAGES, f"{where}.role must be one of {sorted(CHAT_ROLES)}, got {role!r:.40}")
     content = message.get("content")
+    calls = message.get("tool_calls") if role == "assistant" else None
+    if content is None and calls:
+        content = ""  # an assistant turn that only calls tools
     if isinstance(content, list):
         content = "\n".join(_text_part(f"{where}.content[{j}]", part) for j, part in enumerate(content))
     elif not isinstance(content, str):
         raise InvalidLine(INVALID_MESSAGES, f"{where}.content must be a string or an array of text parts")
-    return {"role": "system" if role == "developer" else role, "content": content}
+    out = {"role": "system" if role == "developer" else role, "content": content}
+    if calls:
+        out["tool_calls"] = _tool_calls(where, calls)
+    if role == "tool":
+        call_id = message.get("tool_call_id")
+        if not isinstance(call_id, str):
+            raise InvalidLine(INVALID_MESSAGES, f"{where}.tool_call_id is required (a string) for a tool message")
+        out["tool_call_id"] = call_id
+    return out
+
+
+def _tool_calls(where: str, calls) -> list[dict]:
+    """An assistant message's tool calls, arguments as objects (what chat templates expect)."""
+    if not isinstance(calls, list):
+        raise InvalidLine(INVALID_MESSAGES, f"{where}.tool_calls must be an array")
+    out = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise InvalidLine(INVALID_MESSAGES, f"{where}.tool_calls[{j}] must hold function.name and arguments")
+        arguments = function.get("arguments", "{}")
+        try:
+            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except ValueError:
+            raise InvalidLine(INVALID_MESSAGES, f"{where}.tool_calls[{j}].function.arguments is not JSON") from None
+        out.append({"id": call.get("id"), "type": "function",
+                    "function": {"name": function["name"], "arguments": arguments}})
+    return out
 
 
 def _text_part(where: str, part) -> str:

@@ -45,9 +45,10 @@ class ModelLimits:
         """Load (once per process and arguments) from a Hugging Face model directory."""
         return _load(str(Path(model_dir).resolve()), name, max_model_len, special_tokens_in_content)
 
-    def render_chat(self, conversations: list[list[dict]], template_kwargs: Mapping | None = None) -> list[str]:
-        """Each conversation through the chat template, with the generation prompt appended."""
-        return render_chat(self.tokenizer, conversations, template_kwargs)
+    def render_chat(self, conversations: list[list[dict]], template_kwargs: Mapping | None = None,
+                    tools: list[dict] | None = None) -> list[str]:
+        """Each conversation through the chat template (with `tools`), with the generation prompt appended."""
+        return render_chat(self.tokenizer, conversations, template_kwargs, tools)
 
     def encode(self, texts: list[str], *, add_special_tokens: bool) -> list[list[int]]:
         if not texts:

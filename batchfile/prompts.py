@@ -24,11 +24,12 @@ def render(chunk: list[Pending], errors: dict[int, LineError]) -> None:
         if p.messages is not None:
             _guard_content(p)
             kwargs = json.dumps(p.template_kwargs, sort_keys=True) if p.template_kwargs else ""
-            groups.setdefault((id(p.limits), kwargs), []).append(p)
+            tools = json.dumps(p.tools, sort_keys=True) if p.tools else ""
+            groups.setdefault((id(p.limits), kwargs, tools), []).append(p)
     for group in groups.values():
         limits, kwargs = group[0].limits, group[0].template_kwargs
         try:
-            texts = limits.render_chat([p.messages for p in group], kwargs)
+            texts = limits.render_chat([p.messages for p in group], kwargs, group[0].tools)
         except Exception:
             texts = [_render_one(p, errors) for p in group]  # find the offending conversation(s)
         for p, text in zip(group, texts):
@@ -51,7 +52,7 @@ def _guard_content(p: Pending) -> None:
 
 def _render_one(p: Pending, errors: dict[int, LineError]) -> str | None:
     try:
-        return p.limits.render_chat([p.messages], p.template_kwargs)[0]
+        return p.limits.render_chat([p.messages], p.template_kwargs, p.tools)[0]
     except Exception as e:
         message = f"the chat template failed: {str(e)[:300]}"
         errors[p.line] = LineError(p.line, p.custom_id, CHAT_TEMPLATE_ERROR, message)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 EMBEDDINGS_URL = "/v1/embeddings"
-URLS = (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL)
+RESPONSES_URL = "/v1/responses"
+URLS = (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, RESPONSES_URL)
+MESSAGE_URLS = (CHAT_URL, RESPONSES_URL)  # a conversation through the chat template
 
 
 @dataclass
@@ -24,7 +26,9 @@ class ParsedRequest:
     # input's token ids, and the options {"encoding_format", "dimensions"} (batchfile.embeddings)
     inputs: list[list[int]] | None = None
     embedding_options: dict | None = None
+    # how to shape the response: "copies" (n identical greedy choices), "tools" (tool_calls.read_tools)
+    options: dict = field(default_factory=dict)
 
     @property
     def is_chat(self) -> bool:
-        return self.url == CHAT_URL
+        return self.url in MESSAGE_URLS

@@ -11,8 +11,10 @@ import math
 import time
 import uuid
 
-from batchfile.request import ParsedRequest
+from batchfile.request import RESPONSES_URL, ParsedRequest
+from batchfile.responses_api import response_object
 from batchfile.token_text import text_pieces, token_bytes, token_label
+from batchfile.tool_calls import with_tool_calls
 
 
 def _logprob(entry) -> float:
@@ -171,7 +173,7 @@ def text_completion_body(
 def response_body(request: ParsedRequest, output, *, tokenizer=None, created: int | None = None) -> dict:
     """The OpenAI body for a finished request, chat or text completion by the request's url."""
     build = chat_completion_body if request.is_chat else text_completion_body
-    return build(
+    body = build(
         output,
         model=request.model,
         logprobs=request.sampling_params.logprobs,
@@ -179,6 +181,18 @@ def response_body(request: ParsedRequest, output, *, tokenizer=None, created: in
         created=created,
         skip_special_tokens=request.sampling_params.skip_special_tokens,
     )
+    options = request.options or {}
+    if options.get("copies"):  # n greedy choices: one sample, n identical choices
+        one = body["choices"][0]
+        body["choices"] = [{**one, "index": i} for i in range(options["copies"])]
+        usage = body["usage"]
+        usage["completion_tokens"] *= options["copies"]
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    if options.get("tools") and request.is_chat:
+        body["choices"] = [with_tool_calls(c, options["tools"]) for c in body["choices"]]
+    if request.url == RESPONSES_URL:
+        return response_object(body, options.get("responses") or {}, cached_tokens=output.num_cached_tokens or 0)
+    return body
 
 
 def batch_output_line(custom_id: str, body: dict, *, line_id: str | None = None, request_id: str | None = None) -> dict:

@@ -6,6 +6,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from batchfile import structured, tool_calls
 from batchfile.errors import INVALID_PARAMETER, OUTPUT_BUDGET_EXCEEDED, UNSUPPORTED_PARAMETER, InvalidLine
 from batchfile.fields import (
     MAX_INT32,
@@ -90,15 +91,11 @@ _IGNORED_FIELDS = {
     "service_tier": _always,
     "prompt_cache_key": _always,
     "safety_identifier": _always,
-    "parallel_tool_calls": _always,
     "stream": lambda v: v is None or v is False,
     "stream_options": _none,
     "logit_bias": _falsy,
-    "tools": _falsy,
     "functions": _falsy,
-    "tool_choice": lambda v: v in (None, "none", "auto"),
     "function_call": lambda v: v in (None, "none", "auto"),
-    "response_format": lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
     "modalities": lambda v: v is None or v == ["text"],
     "echo": lambda v: v is None or v is False,
     "suffix": _falsy,
@@ -111,7 +108,8 @@ _IGNORED_FIELDS = {
 # Fields read with the prompt rather than mapped onto SamplingParams.
 _CHAT_OWN = frozenset({"model", "messages", "chat_template_kwargs", "add_special_tokens"})
 _COMPLETIONS_OWN = frozenset({"model", "prompt", "add_special_tokens"})
-_OTHER_ENDPOINT = frozenset({"messages", "prompt", "top_logprobs", "chat_template_kwargs"})
+_OTHER_ENDPOINT = frozenset({"messages", "prompt", "top_logprobs", "chat_template_kwargs", *tool_calls.FIELDS})
+_READ_ELSEWHERE = structured.FIELDS | tool_calls.FIELDS  # the output constraint and the tools
 
 
 def sampling_kwargs(body: Mapping, url: str, bounds: RequestBounds = OPENAI_BOUNDS) -> tuple[dict, bool]:
@@ -124,8 +122,11 @@ def sampling_kwargs(body: Mapping, url: str, bounds: RequestBounds = OPENAI_BOUN
     chat = url == CHAT_URL
     own = _CHAT_OWN if chat else _COMPLETIONS_OWN
     for key, value in body.items():
-        if key not in own and value is not None:
+        if key not in own and value is not None and not (key in _READ_ELSEWHERE and (chat or key in structured.FIELDS)):
             _map_field(key, value, url, chat, kwargs)
+    spec = structured.from_body(body)
+    if spec is not None:
+        kwargs["structured_outputs"] = spec
     if chat:
         _chat_logprobs(body, kwargs)
     _check_stops(kwargs.get("stop"), bounds)
@@ -154,6 +155,8 @@ def _map_field(key: str, value, url: str, chat: bool, kwargs: dict) -> None:
             if key == "stream":
                 raise InvalidLine(UNSUPPORTED_PARAMETER, "stream=true is not supported in a batch request")
             raise InvalidLine(UNSUPPORTED_PARAMETER, f"{key}={json.dumps(value)[:60]} is not supported")
+    elif key in tool_calls.FIELDS and (not value or key == "parallel_tool_calls"):
+        pass  # no tools on /v1/completions: harmless when empty, as before tools were supported
     elif key in _OTHER_ENDPOINT:
         raise InvalidLine(UNSUPPORTED_PARAMETER, f"{key} is not a parameter of {url}")
     else:

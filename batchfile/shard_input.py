@@ -80,6 +80,8 @@ def encode_request(item: ParsedRequest) -> str:
                         "inputs": item.inputs, "embedding": item.embedding_options}) + "\n"
     sp = item.sampling_params
     params = {name: value for name, default in _param_defaults().items() if (value := getattr(sp, name)) != default}
+    if sp.structured_outputs is not None:
+        params["structured_outputs"] = sp.structured_outputs.to_dict()
     record = {
         "line": item.line,
         "custom_id": item.custom_id,
@@ -88,6 +90,8 @@ def encode_request(item: ParsedRequest) -> str:
         "prompt_token_ids": item.prompt_token_ids,
         "params": params,
     }
+    if item.options:
+        record["options"] = item.options
     return _encode(record) + "\n"
 
 
@@ -104,4 +108,5 @@ def decode_request(line: str | bytes) -> ParsedRequest:
         prompt_token_ids=record["prompt_token_ids"],
         sampling_params=SamplingParams(**record["params"]),
         body={},
+        options=record.get("options", {}),
     )

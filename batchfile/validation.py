@@ -32,8 +32,10 @@ from batchfile.errors import (
 )
 from batchfile.fields import as_bool, messages_of, prompt_of, type_name
 from batchfile.model_limits import ModelLimits
-from batchfile.request import CHAT_URL, EMBEDDINGS_URL, URLS, ParsedRequest
+from batchfile.request import CHAT_URL, EMBEDDINGS_URL, MESSAGE_URLS, RESPONSES_URL, URLS, ParsedRequest
+from batchfile.responses_api import to_chat_body
 from batchfile.sampling import OPENAI_BOUNDS, RequestBounds, check_output_budget, merge_defaults, sampling_kwargs
+from batchfile.tool_calls import read_tools
 from engine.sampling_params import SamplingParams
 
 MAX_CUSTOM_ID_LENGTH = 512
@@ -58,6 +60,8 @@ class Pending:
     bounds: RequestBounds = OPENAI_BOUNDS
     plain_content: dict[str, str] | None = None  # placeholder -> message content to tokenize as plain text
     embedding: Any = None  # an embeddings line's batchfile.embeddings.EmbeddingInputs (tokenized in finish)
+    options: dict | None = None  # ParsedRequest.options
+    tools: list | None = None  # for the chat template
 
 
 def _reject_constant(name: str):
@@ -157,18 +161,24 @@ class LineValidator:
         raw_body = obj.get("body")
         if not isinstance(raw_body, dict):
             raise InvalidLine(INVALID_REQUEST, f"body must be a JSON object, got {type_name(raw_body)}", "body")
-        body = merge_defaults(raw_body, self.defaults)
+        body, echo = merge_defaults(raw_body, self.defaults), None
+        if url == RESPONSES_URL:  # validated as the chat request it amounts to
+            body, echo = to_chat_body(body)
         limits = self._model(body.get("model"))
         embeddings.check_model_serves(limits, url)
         if url == EMBEDDINGS_URL:
             inputs = embeddings.read_line(limits, raw_body, body)
             return Pending(line, custom_id, url, limits, raw_body, None, False, bounds=self.bounds, embedding=inputs)
-        params, explicit = sampling_kwargs(body, url, self.bounds)
+        params, explicit = sampling_kwargs(body, CHAT_URL if echo is not None else url, self.bounds)
+        options, tools = _shape_options(body, CHAT_URL if echo is not None else url, params)
+        if echo is not None:
+            options["responses"] = echo
         try:
             sampling = SamplingParams(**params)
         except (ValueError, TypeError) as e:
             raise InvalidLine(INVALID_PARAMETER, str(e)) from None
-        pending = Pending(line, custom_id, url, limits, raw_body, sampling, explicit, bounds=self.bounds)
+        pending = Pending(line, custom_id, url, limits, raw_body, sampling, explicit, bounds=self.bounds,
+                          options=options, tools=tools)
         _read_prompt(pending, body)
         return pending
 
@@ -190,11 +200,32 @@ class LineValidator:
         return limits
 
 
+def _shape_options(body: dict, url: str, params: dict) -> tuple[dict, list | None]:
+    """The response options and the chat template's tools; edits `params`: n greedy copies run as
+    one sample (OpenAI accepts n > 1 at temperature 0; the engine, as vLLM, does not), and
+    tool_choice required or named adds its constraint."""
+    options: dict = {}
+    n = params.get("n", 1)
+    if n > 1 and params.get("temperature", 1.0) == 0:
+        params["n"], options["copies"] = 1, n
+    tools = None
+    if url == CHAT_URL:
+        tools, tool_options, spec = read_tools(body)
+        if tool_options:
+            options["tools"] = tool_options
+        if spec is not None:
+            if "structured_outputs" in params:
+                raise InvalidLine(INVALID_PARAMETER, "tool_choice required or a named function already "
+                                  "constrains the output; leave out response_format and structured_outputs")
+            params["structured_outputs"] = spec
+    return options, tools
+
+
 def _read_prompt(pending: Pending, body: dict) -> None:
     special = body.get("add_special_tokens")
     if special is not None:
         as_bool("add_special_tokens", special)
-    if pending.url == CHAT_URL:
+    if pending.url in MESSAGE_URLS:
         pending.messages = messages_of(body.get("messages"))
         kwargs = body.get("chat_template_kwargs")
         if kwargs is not None and not isinstance(kwargs, dict):
@@ -222,13 +253,14 @@ def finish(pending: Pending) -> ParsedRequest:
         pending.token_ids,
         pending.sampling,
         pending.body,
+        pending.options or {},
     )
 
 
 def _fit_context(pending: Pending, ids: list[int]) -> None:
     sampling, limit = pending.sampling, pending.limits.max_model_len
     if not ids:
-        chat = pending.url == CHAT_URL
+        chat = pending.url in MESSAGE_URLS
         raise InvalidLine(
             INVALID_MESSAGES if chat else INVALID_PROMPT,
             f"{'messages' if chat else 'prompt'} tokenized to nothing",

@@ -10,8 +10,10 @@ from engine.outputs import CompletionOutput, Logprob, RequestOutput
 from engine.pooling_outputs import EmbeddingOutput, EmbeddingRequestOutput, PoolingOutput, PoolingRequestOutput
 from engine.pooling_params import PoolingParams
 from engine.sampling_params import RequestOutputKind, SamplingParams
+from engine.structured_params import StructuredOutputsParams
 
 __all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "RequestOutputKind",
+           "StructuredOutputsParams",
            "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence", "PoolingParams", "PoolingOutput",
            "PoolingRequestOutput", "EmbeddingOutput", "EmbeddingRequestOutput"]
 

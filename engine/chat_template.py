@@ -11,7 +11,8 @@ import inspect
 from collections.abc import Mapping
 
 
-def render_chat(tokenizer, conversations: list[list[dict]], template_kwargs: Mapping | None = None) -> list[str]:
+def render_chat(tokenizer, conversations: list[list[dict]], template_kwargs: Mapping | None = None,
+                tools: list[dict] | None = None) -> list[str]:
     """Each conversation through the chat template, with the generation prompt appended.
 
     Rendered in one `apply_chat_template` call. `template_kwargs` are variables for the template
@@ -25,6 +26,8 @@ def render_chat(tokenizer, conversations: list[list[dict]], template_kwargs: Map
     reserved = sorted(kwargs.keys() & _own_arguments(type(tokenizer)))
     if reserved:
         raise ValueError(f"chat template variables may not set {', '.join(reserved)}")
+    if tools:  # OpenAI's tool objects, for the template to list
+        kwargs["tools"] = tools
     texts = tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True, **kwargs)
     return [texts] if isinstance(texts, str) else list(texts)
 

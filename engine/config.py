@@ -157,6 +157,7 @@ class EngineConfig:
     max_logprobs: int = 20  # most logprobs / prompt_logprobs a request may ask for; -1: the vocabulary
     # vLLM's runner: generate, pooling (embeddings), or auto (pooling for a sentence-transformers directory)
     runner: str = "auto"
+    grammar_cache_size: int = 256  # compiled structured-output grammars kept (least recently used out)
 
     def __post_init__(self):
         if self.seed is None:  # vLLM: no seed, no reproducibility
@@ -169,6 +170,8 @@ class EngineConfig:
             raise ValueError(f"max_logprobs must be an integer >= 0 or -1, got {self.max_logprobs!r}")
         if self.runner not in ("auto", "generate", "pooling"):
             raise ValueError(f"runner={self.runner!r} is not supported; use auto, generate or pooling")
+        if not isinstance(self.grammar_cache_size, int) or self.grammar_cache_size < 1:
+            raise ValueError(f"grammar_cache_size must be a positive integer, got {self.grammar_cache_size!r}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.max_num_seqs < 1:

@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 
 import torch
@@ -32,8 +33,10 @@ from engine.request_checks import check_against_model
 from engine.sampler import SampleLogprobs, Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from engine.sequence import Sequence, SequenceStatus
 from engine.stop_strings import StopStrings
+from engine.stopping import StopChecker
+from engine.structured_outputs import StructuredOutputs, advance
 from engine.token_masks import bad_words_token_ids
 from engine.tokenizer import Detokenizer, encode_prompt, load_tokenizer
 
@@ -50,6 +53,7 @@ class _Request:
     params: SamplingParams
     seqs: list[Sequence]
     kv_import: KVBundle | None = None  # a decode half, until its KV is in the pool
+    grammar: Future | None = None  # the compiled grammar under structured outputs
 
 
 class LLMEngine:
@@ -79,7 +83,10 @@ class LLMEngine:
         )
         self.sampler = Sampler(self.model_config.vocab_size, self.device, self.config.seed)
         self.detokenizer = Detokenizer(self.tokenizer)
+        self.stopping = StopChecker(self.eos_token_id, self.extra_eos_ids, self.detokenizer, self.max_model_len)
         self.kv = KVTransfer(self)  # prefill/decode disaggregation (engine/kv_export.py)
+        self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids,
+                                            cache_entries=cfg.grammar_cache_size)
         self.requests: dict[str, _Request] = {}  # admitted to the scheduler
         self._incoming: deque[_Request] = deque()  # added, not yet admitted
         self._known_ids: set[str] = set()  # ids of both
@@ -137,6 +144,8 @@ class LLMEngine:
         if not self.runner.has_lm_head:
             raise ValueError("this model has no language-model head (a pooling model): it can only embed")
         check_against_model(params, self.model_config.vocab_size, self.config.max_logprobs)
+        if params.structured_outputs is not None:
+            self.structured.check(params.structured_outputs)
         n = len(prompt_token_ids)
         if n == 0:
             raise ValueError("the prompt is empty")
@@ -165,7 +174,8 @@ class LLMEngine:
                 for i in range(params.n)]
         for seq in seqs:
             seq.bad_words_token_ids = bad_words
-        self._enqueue(_Request(request_id, text, ids, params, seqs))
+        grammar = self.structured.start(params.structured_outputs) if params.structured_outputs else None
+        self._enqueue(_Request(request_id, text, ids, params, seqs, grammar=grammar))
 
     def add_pooling_request(self, request_id: str, prompt: Prompt | list[Prompt], params=None,
                             arrival_time: float | None = None) -> None:
@@ -188,7 +198,7 @@ class LLMEngine:
         seq = Sequence(next(self._seq_ids), request_id, 0, ids, params, time.time(), StopStrings(params.stop_strings))
         if params.bad_words:
             seq.bad_words_token_ids = bad_words_token_ids(self.tokenizer, params.bad_words)
-        self._enqueue(_Request(request_id, bundle.prompt, ids, params, [seq], bundle))
+        self._enqueue(_Request(request_id, bundle.prompt, ids, params, [seq], kv_import=bundle))
 
     def abort_request(self, request_id: str) -> bool:
         """Drop a request now; its blocks return to the pool at once. False if unknown."""
@@ -223,18 +233,11 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one scheduling step; returns the requests that finished in it."""
         with self._lock:
-            with self._intake_lock:
-                incoming, self._incoming = self._incoming, deque()
-            for req in incoming:
-                self.requests[req.request_id] = req
-                if req.kv_import is not None:
-                    self.kv.pending.append(req)
-                    continue
-                for seq in req.seqs:
-                    self.scheduler.add(seq)
-            finished: list[RequestOutput] = self.kv.admit()
+            finished: list[RequestOutput] = self._admit_incoming()
+            finished += self.kv.admit()
             batch = self.scheduler.schedule()
             if not batch:
+                self._wait_for_grammars()
                 return finished
             spans, rows = plan_prompt_logprobs(batch)
             if has_pooling(batch):
@@ -257,9 +260,12 @@ class LLMEngine:
                     finished.append(output)
             for i, seq in enumerate(samplers):
                 seq.append_token(tokens[i])
+                grammar_done = advance(seq, tokens[i])
                 if logprobs is not None and seq.logprobs is not None:
                     self._record_logprobs(seq, logprobs[i])
                 self._check_stop(seq)
+                if grammar_done and not seq.is_finished:  # only with ignore_eos: nothing may follow
+                    self._finish(seq, "stop", None)
                 if not seq.is_finished and wants_export(seq):
                     finished.append(self.kv.export(seq))
                 elif seq.is_finished:
@@ -271,6 +277,40 @@ class LLMEngine:
             self.stats["tokens"] += batch.num_tokens
             self.stats["preemptions"] = self.scheduler.num_preemptions
             return finished
+
+    def _admit_incoming(self) -> list[RequestOutput]:
+        """Hand the added requests to the scheduler; a request whose grammar is still compiling
+        stays queued (in order) for a later step. Returns those whose grammar failed, finished."""
+        ready, compiling = [], deque()
+        with self._intake_lock:
+            for req in self._incoming:  # each future looked at once: it may finish meanwhile
+                (compiling if req.grammar is not None and not req.grammar.done() else ready).append(req)
+            self._incoming = compiling
+        failed = []
+        for req in ready:
+            self.requests[req.request_id] = req
+            if req.kv_import is not None:  # a decode half: admitted once its KV is in the pool
+                self.kv.pending.append(req)
+                continue
+            if req.grammar is not None:
+                try:
+                    self.structured.attach(req.seqs, req.grammar)
+                except Exception as exc:  # noqa: BLE001 - check_request built it; compiling can still fail
+                    log.error("request %s: its grammar failed to compile: %s", req.request_id, exc)
+                    for seq in req.seqs:
+                        seq.finish_reason, seq.status = "abort", SequenceStatus.FINISHED
+                    failed.append(self._request_done(req.seqs[0]))
+                    continue
+            for seq in req.seqs:
+                self.scheduler.add(seq)
+        return failed
+
+    def _wait_for_grammars(self) -> None:
+        """With nothing to run, wait (briefly) for a queued request's grammar instead of spinning."""
+        with self._intake_lock:
+            pending = [r.grammar for r in self._incoming if r.grammar is not None]
+        if pending:
+            wait(pending, timeout=0.05, return_when=FIRST_COMPLETED)
 
     def _logprob_entry(self, seq: Sequence, sample: SampleLogprobs) -> dict[int, Logprob]:
         """vLLM's shape: the sampled (or prompt) token first, then the top tokens by rank."""
@@ -285,50 +325,14 @@ class LLMEngine:
         seq.logprobs.append(self._logprob_entry(seq, sample))
         seq.cumulative_logprob += sample.logprob
 
-    def _stop_token(self, seq: Sequence) -> tuple[bool, int | None]:
-        """(stopped, stop_reason) for the latest token: EOS or a stop token id, as in vLLM."""
-        p, token = seq.params, seq.token_ids[-1]
-        if seq.num_output_tokens < p.min_tokens:
-            return False, None
-        if token == self.eos_token_id and not p.ignore_eos:
-            return True, None
-        if token in p.stop_token_ids or (token in self.extra_eos_ids and not p.ignore_eos):
-            return True, token
-        return False, None
-
     def _check_stop(self, seq: Sequence) -> None:
-        p = seq.params
-        stopped, stop = self._stop_token(seq)
-        if stopped:  # the stop token's text is left out unless include_stop_str_in_output
-            if p.detokenize:
-                self.detokenizer.flush(seq, None if p.include_stop_str_in_output else len(seq) - 1)
-            return self._finish(seq, "stop", stop)
-        new_text = self.detokenizer.decode_new_text(seq) if p.detokenize else ""
-        # As vLLM: the text of the first min_tokens tokens cannot complete a stop string.
-        if p.stop_strings and seq.num_output_tokens > p.min_tokens:
-            stop = self._find_stop_string(seq, len(new_text))
-            if stop:
-                return self._finish(seq, "stop", stop)
-        if (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or len(seq) >= self.max_model_len:
-            if p.detokenize:
-                self.detokenizer.flush(seq)
-            self._finish(seq, "length", None)
+        finished = self.stopping.check(seq)
+        if finished is not None:
+            self._finish(seq, *finished)
 
     def _finish(self, seq: Sequence, reason: str, stop: int | str | None) -> None:
         seq.finish_reason, seq.stop_reason = reason, stop
         self.scheduler.finish(seq)
-
-    @staticmethod
-    def _find_stop_string(seq: Sequence, new_chars: int) -> str | None:
-        """Look for a stop string that the newest text completed; trim the text before
-        the earliest one and return it, or None. Only matches ending in the new text are
-        looked for, at a cost that does not grow with the number of stop strings."""
-        found = seq.stop_strings.earliest_completed(seq.output_text, new_chars)
-        if found is None:
-            return None
-        pos, stop = found
-        seq.output_text = seq.output_text[: pos + (len(stop) if seq.params.include_stop_str_in_output else 0)]
-        return stop
 
     def _request_done(self, seq: Sequence) -> RequestOutput | None:
         req = self.requests.get(seq.request_id)

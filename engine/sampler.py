@@ -16,6 +16,7 @@ import torch
 
 from engine.device import fetch, to_device
 from engine.sequence import Sequence
+from engine.structured_outputs import apply_grammar_bitmask
 from engine.token_masks import apply_token_masks
 
 
@@ -34,6 +35,7 @@ class Sampler:
         raw_logprobs = None
         if want:  # of the model's own distribution, before any edit (vLLM's raw_logprobs)
             raw_logprobs = torch.log_softmax(self._rows(logits, want), dim=-1)
+        logits = apply_grammar_bitmask(logits, seqs)
         logits = apply_token_masks(logits, seqs)
         logits = self._suppress_early_stops(logits, seqs, eos_ids)
         logits = self._apply_penalties(logits, seqs)

@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from engine.structured_params import StructuredOutputsParams, as_structured_outputs
+
 log = logging.getLogger(__name__)
 
 # Temperatures below this sample greedily, as in vLLM: dividing logits by a temperature
@@ -61,6 +63,7 @@ class SamplingParams:
     logits_processors: list | None = None  # rejected unless empty: per-request callables
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     extra_args: dict[str, Any] | None = None  # kept for plugins; unused, as in vLLM
+    structured_outputs: StructuredOutputsParams | None = None  # a dict is read as its fields
 
     def __post_init__(self):
         if isinstance(self.temperature, int | float) and 0 < self.temperature < _MIN_POSITIVE_TEMPERATURE:
@@ -81,6 +84,7 @@ class SamplingParams:
             self.logit_bias = _int_keys(self.logit_bias)
         if self.top_k == -1:
             self.top_k = 0
+        self.structured_outputs = as_structured_outputs(self.structured_outputs)
         self.validate()
         if self.greedy:  # as vLLM: greedy ignores the truncations
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
@@ -191,3 +195,5 @@ def _check_lists(p: SamplingParams) -> None:
     _check(isinstance(p.output_kind, RequestOutputKind),
            f"output_kind must be a RequestOutputKind, got {p.output_kind!r}")
     _check(p.extra_args is None or isinstance(p.extra_args, dict), "extra_args must be a dict")
+    _check(p.structured_outputs is None or isinstance(p.structured_outputs, StructuredOutputsParams),
+           f"structured_outputs must be a StructuredOutputsParams, got {type(p.structured_outputs).__name__}")

@@ -47,6 +47,7 @@ class Sequence:
         # a request's n sequences share one index of its stop strings
         self.stop_strings = stop_strings if stop_strings is not None else StopStrings(params.stop_strings)
         self.detok_offsets: tuple[int, int] | None = None  # owned by the detokenizer
+        self.grammar = None  # its xgrammar matcher under structured outputs (engine.structured_outputs)
         self.generator = None  # a seeded request's own torch.Generator, made on first use
         self.arrival = arrival or time.time()
         self.first_token_time: float | None = None

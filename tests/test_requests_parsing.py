@@ -235,8 +235,9 @@ BAD_LINES = [
     (line(url=COMPLETIONS, top_logprobs=2), errors.UNSUPPORTED_PARAMETER, "top_logprobs"),
     (line(url=COMPLETIONS, messages=[]), errors.UNSUPPORTED_PARAMETER, "messages"),
     (line(stream=True), errors.UNSUPPORTED_PARAMETER, "stream=true"),
-    (line(tools=[{"type": "function"}]), errors.UNSUPPORTED_PARAMETER, "tools"),
-    (line(response_format={"type": "json_object"}), errors.UNSUPPORTED_PARAMETER, "response_format"),
+    (line(tools=[{"type": "function"}]), errors.INVALID_PARAMETER, "tools[0] must be"),
+    (line(response_format={"type": "xml"}), errors.INVALID_PARAMETER, "response_format.type"),
+    (line(url=COMPLETIONS, prompt="x", tools=[{"type": "function"}]), errors.UNSUPPORTED_PARAMETER, "tools"),
     (line(max_token=5), errors.UNSUPPORTED_PARAMETER, "unknown parameter 'max_token'"),
     (line(chat_template_kwargs=[1]), errors.INVALID_PARAMETER, "chat_template_kwargs"),
 ]
@@ -424,7 +425,8 @@ _field_names = st.sampled_from(
     ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n",
      "stop", "seed", "logprobs", "top_logprobs", "stream", "top_k", "min_p", "min_tokens",
      "repetition_penalty", "ignore_eos", "stop_token_ids", "presence_penalty", "frequency_penalty", "user",
-     "chat_template_kwargs", "add_special_tokens", "response_format", "tools", "echo", "best_of"]
+     "chat_template_kwargs", "add_special_tokens", "response_format", "tools", "echo", "best_of",
+     "structured_outputs", "tool_choice", "parallel_tool_calls"]
 )  # fmt: skip
 _bodies = st.dictionaries(_field_names | st.text(max_size=6), _json, max_size=6)
 _lines = st.fixed_dictionaries(

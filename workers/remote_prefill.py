@@ -79,7 +79,9 @@ class RemotePrefill:
     def start(self, request_id: str, prompt, params: SamplingParams, done) -> bool:
         """Take the request for a remote prefill; `done(request_id, bundle or None)` is called later
         (None: prefill it locally). False: not for a remote prefill, run it here now."""
-        if (params.n != 1 or params.prompt_logprobs is not None or not isinstance(prompt, dict)
+        # n > 1, prompt logprobs and a grammar's matcher state do not travel with the KV: run those here
+        if (params.n != 1 or params.prompt_logprobs is not None or params.structured_outputs is not None
+                or not isinstance(prompt, dict)
                 or "prompt_token_ids" not in prompt or not self.live_workers()):
             return False
         body = _params_json(params)
