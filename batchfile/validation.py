@@ -253,7 +253,7 @@ def finish(pending: Pending) -> ParsedRequest:
         pending.token_ids,
         pending.sampling,
         pending.body,
-        pending.options or {},
+        options=pending.options or {},
     )
 
 
