@@ -75,17 +75,22 @@ def usage(session: Session, tenant: str) -> Usage:
     active = session.scalar(
         select(func.count()).select_from(Job).where(Job.tenant == tenant, Job.status.in_(ACTIVE_STATUSES))
     )
-    in_shards = session.scalar(
+    # One statement, so one snapshot: a validation committing its shards (and leaving `validating`)
+    # between two separate reads would be counted in neither.
+    in_shards = (
         select(func.coalesce(func.sum(Shard.request_count), 0))
         .join(Job, Job.id == Shard.job_id)
         .where(Job.tenant == tenant, Shard.status.in_((SHARD_QUEUED, SHARD_RUNNING)))
+        .scalar_subquery()
     )
-    validating = session.scalar(
+    validating = (
         select(func.coalesce(func.sum(File.line_count), 0))
         .join(Job, Job.input_file_id == File.id)
         .where(Job.tenant == tenant, Job.status == VALIDATING)
+        .scalar_subquery()
     )
-    return Usage(int(active or 0), int(in_shards or 0) + int(validating or 0))
+    queued = session.scalar(select(in_shards + validating))
+    return Usage(int(active or 0), int(queued or 0))
 
 
 def _lock_tenant(session: Session, tenant: str) -> None:
