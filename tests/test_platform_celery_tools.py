@@ -31,8 +31,8 @@ def test_celery_inspect_stats_and_active(live_url, worker, tmp_path):
 
     client = Client(live_url, api_key=worker.api_key)
     src = tmp_path / "in.jsonl"
-    # three shards of 8 requests x 960 tokens: running long enough for a few `celery inspect` round trips
-    src.write_bytes(jsonl([long_line(f"c-{i}", max_tokens=960) for i in range(24)]))
+    # twelve shards of 8 requests x 960 tokens: running long enough for a few `celery inspect` round trips
+    src.write_bytes(jsonl([long_line(f"c-{i}", max_tokens=960) for i in range(96)]))
     job = client.submit(src, model=MODEL)
     deadline = time.monotonic() + 60
     running = []
@@ -40,7 +40,7 @@ def test_celery_inspect_stats_and_active(live_url, worker, tmp_path):
         running = [task for tasks in celery(worker, "inspect", "active").values() for task in tasks]
     client.cancel(job["id"])
     assert running and {task["name"] for task in running} == {"pagedbatch.run_shard"}
-    shard_ids = {f"{job['id']}.{i:05d}" for i in range(3)}
+    shard_ids = {f"{job['id']}.{i:05d}" for i in range(12)}
     assert all(len(task["args"]) == 1 and task["args"][0] in shard_ids for task in running)
     assert client.wait(job["id"], timeout=60, poll_s=0.2)["status"] == "cancelled"
 

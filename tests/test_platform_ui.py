@@ -181,7 +181,8 @@ def test_submit_watch_download_cancel_and_admin(browser, live_url, worker, tmp_p
     assert driver.current_url.endswith("/ui/login")
     _shot(driver, "01-login")
     _sign_in(driver, live_url, "pb-wrong")
-    assert "not valid" in driver.find_element(By.CLASS_NAME, "flash").text
+    refused = _wait(lambda: driver.find_elements(By.CLASS_NAME, "flash"), 10, "the refusal")
+    assert "not valid" in refused[0].text
     _shot(driver, "02-login-refused")
 
     _sign_in(driver, live_url, worker.api_key)
