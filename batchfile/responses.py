@@ -187,7 +187,7 @@ def response_body(request: ParsedRequest, output, *, tokenizer=None, created: in
         created=created,
         skip_special_tokens=sp.skip_special_tokens,
     )
-    body["usage"] = _usage(output)  # every best_of candidate was generated (OpenAI bills them all)
+    body["usage"] = _usage(output)  # every best_of candidate was generated
     if options.get("echo"):
         _echo(body, output, options["echo"], sp.logprobs, tokenizer, sp.skip_special_tokens)
     if options.get("copies"):  # n greedy choices: one sample, n identical choices
