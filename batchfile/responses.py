@@ -178,9 +178,8 @@ def response_body(request: ParsedRequest, output, *, tokenizer=None, created: in
     build = chat_completion_body if request.is_chat else text_completion_body
     options = request.options or {}
     sp = request.sampling_params
-    chosen = _best_of(output, options["best_of"]) if options.get("best_of") else output
     body = build(
-        chosen,
+        returned_output(request, output),
         model=request.model,
         logprobs=None if options.get("hide_logprobs") else sp.logprobs,
         tokenizer=tokenizer,
@@ -201,6 +200,12 @@ def response_body(request: ParsedRequest, output, *, tokenizer=None, created: in
     if request.url == RESPONSES_URL:
         return response_object(body, options.get("responses") or {}, cached_tokens=output.num_cached_tokens or 0)
     return body
+
+
+def returned_output(request: ParsedRequest, output):
+    """`output` as the response returns it: with best_of, only the n best candidates."""
+    n = (request.options or {}).get("best_of")
+    return _best_of(output, n) if n else output
 
 
 def _per_token(choice) -> float:

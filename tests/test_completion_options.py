@@ -17,6 +17,7 @@ from batchfile.responses import response_body
 from batchfile.sampling import RequestBounds
 from batchfile.shard_input import decode_request, encode_request
 from engine.llm import LLM
+from store.results.rows import completed_row
 
 openai = pytest.importorskip("openai")
 from openai._models import construct_type  # noqa: E402  (how the client builds its objects)
@@ -174,6 +175,8 @@ def test_best_of_returns_the_candidates_with_the_best_logprob_per_token(llm, lim
     assert [c["index"] for c in body["choices"]] == [0, 1]
     assert all(c["logprobs"] is None for c in body["choices"])  # not asked for
     assert body["usage"]["completion_tokens"] == sum(len(c.token_ids) for c in candidates)
+    row = completed_row(request, output, tokenizer=limits)  # the result row's own columns agree
+    assert row["output_text"] == per_token[0].text and row["completion_tokens"] == body["usage"]["completion_tokens"]
     _, _, with_logprobs = run(llm, limits, {**item, "body": {**item["body"], "logprobs": 1}})
     assert [c["text"] for c in with_logprobs["choices"]] == [c["text"] for c in body["choices"]]
     assert all(c["logprobs"]["token_logprobs"] for c in with_logprobs["choices"])
