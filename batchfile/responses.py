@@ -4,16 +4,18 @@ output and error files."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib.metadata
 import math
 import time
 import uuid
+from types import SimpleNamespace
 
 from batchfile.request import RESPONSES_URL, ParsedRequest
 from batchfile.responses_api import response_object
-from batchfile.token_text import text_pieces, token_bytes, token_label
+from batchfile.token_text import hf_tokenizer, text_pieces, token_bytes, token_label
 from batchfile.tool_calls import with_tool_calls
 
 
@@ -83,8 +85,9 @@ def _completion_logprobs(choice, k: int, tokenizer, skip_special_tokens: bool = 
     token_logprobs, top_logprobs, offsets = [], [], []
     offset = 0
     for token_id, top, piece in zip(choice.token_ids, choice.logprobs or [], tokens):
-        token_logprobs.append(_logprob(top.get(token_id)))
-        top_logprobs.append(_top_map(tokenizer, top, k, token_id))
+        # an echoed prompt's first token has no logprobs: null, as OpenAI
+        token_logprobs.append(None if top is None else _logprob(top.get(token_id)))
+        top_logprobs.append(None if top is None else _top_map(tokenizer, top, k, token_id))
         offsets.append(offset)
         offset += len(piece)
     n = len(offsets)
@@ -173,15 +176,19 @@ def text_completion_body(
 def response_body(request: ParsedRequest, output, *, tokenizer=None, created: int | None = None) -> dict:
     """The OpenAI body for a finished request, chat or text completion by the request's url."""
     build = chat_completion_body if request.is_chat else text_completion_body
+    options = request.options or {}
+    sp = request.sampling_params
     body = build(
-        output,
+        returned_output(request, output),
         model=request.model,
-        logprobs=request.sampling_params.logprobs,
+        logprobs=None if options.get("hide_logprobs") else sp.logprobs,
         tokenizer=tokenizer,
         created=created,
-        skip_special_tokens=request.sampling_params.skip_special_tokens,
+        skip_special_tokens=sp.skip_special_tokens,
     )
-    options = request.options or {}
+    body["usage"] = _usage(output)  # every best_of candidate was generated
+    if options.get("echo"):
+        _echo(body, output, options["echo"], sp.logprobs, tokenizer, sp.skip_special_tokens)
     if options.get("copies"):  # n greedy choices: one sample, n identical choices
         one = body["choices"][0]
         body["choices"] = [{**one, "index": i} for i in range(options["copies"])]
@@ -193,6 +200,49 @@ def response_body(request: ParsedRequest, output, *, tokenizer=None, created: in
     if request.url == RESPONSES_URL:
         return response_object(body, options.get("responses") or {}, cached_tokens=output.num_cached_tokens or 0)
     return body
+
+
+def returned_output(request: ParsedRequest, output):
+    """`output` as the response returns it: with best_of, only the n best candidates."""
+    n = (request.options or {}).get("best_of")
+    return _best_of(output, n) if n else output
+
+
+def _per_token(choice) -> float:
+    """OpenAI's best_of rank: the choice's log probability per token."""
+    return (choice.cumulative_logprob or 0.0) / max(len(choice.token_ids), 1)
+
+
+def _best_of(output, n: int):
+    """`output` with its `n` best candidates (highest logprob per token; ties: lower index), indexed 0..n-1."""
+    ranked = sorted(output.outputs, key=lambda c: (-_per_token(c), c.index))[:n]
+    kept = [dataclasses.replace(c, index=i) for i, c in enumerate(ranked)]
+    return dataclasses.replace(output, outputs=kept)
+
+
+def _echo(body: dict, output, prompt_text, logprobs: int | None, tokenizer, skip_special_tokens: bool) -> None:
+    """Prepend the prompt to every choice's text and, with logprobs, its tokens' logprobs (the
+    engine's prompt_logprobs) to the choice's. `prompt_text` is the prompt as sent, or True for a
+    prompt sent as token ids (then its decoding)."""
+    ids = list(output.prompt_token_ids)
+    if prompt_text is True:
+        prompt_text = "" if tokenizer is None else hf_tokenizer(tokenizer).decode(
+            ids, skip_special_tokens=skip_special_tokens)
+    prompt_lp = None
+    if logprobs is not None and output.prompt_logprobs is not None:
+        prompt = SimpleNamespace(token_ids=ids, logprobs=output.prompt_logprobs, text=prompt_text)
+        prompt_lp = _completion_logprobs(prompt, logprobs, tokenizer, skip_special_tokens)
+    for choice in body["choices"]:
+        choice["text"] = prompt_text + choice["text"]
+        if prompt_lp is not None and choice["logprobs"] is not None:
+            own = choice["logprobs"]
+            shift = len(prompt_text)
+            choice["logprobs"] = {
+                "tokens": prompt_lp["tokens"] + own["tokens"],
+                "token_logprobs": prompt_lp["token_logprobs"] + own["token_logprobs"],
+                "top_logprobs": prompt_lp["top_logprobs"] + own["top_logprobs"],
+                "text_offset": prompt_lp["text_offset"] + [o + shift for o in own["text_offset"]],
+            }
 
 
 def batch_output_line(custom_id: str, body: dict, *, line_id: str | None = None, request_id: str | None = None) -> dict:

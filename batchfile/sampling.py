@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from batchfile import structured, tool_calls
+from batchfile import completion_options, structured, tool_calls
 from batchfile.errors import INVALID_PARAMETER, OUTPUT_BUDGET_EXCEEDED, UNSUPPORTED_PARAMETER, InvalidLine
 from batchfile.fields import (
     MAX_INT32,
@@ -59,6 +59,7 @@ _SAMPLING_FIELDS = {
     "ignore_eos": ("ignore_eos", as_bool),
     "stop_token_ids": ("stop_token_ids", as_token_ids),
     "skip_special_tokens": ("skip_special_tokens", as_bool),
+    "logit_bias": ("logit_bias", completion_options.as_logit_bias),
 }
 
 
@@ -93,7 +94,6 @@ _IGNORED_FIELDS = {
     "safety_identifier": _always,
     "stream": lambda v: v is None or v is False,
     "stream_options": _none,
-    "logit_bias": _falsy,
     "functions": _falsy,
     "function_call": lambda v: v in (None, "none", "auto"),
     "modalities": lambda v: v is None or v == ["text"],
@@ -107,7 +107,7 @@ _IGNORED_FIELDS = {
 }
 # Fields read with the prompt rather than mapped onto SamplingParams.
 _CHAT_OWN = frozenset({"model", "messages", "chat_template_kwargs", "add_special_tokens"})
-_COMPLETIONS_OWN = frozenset({"model", "prompt", "add_special_tokens"})
+_COMPLETIONS_OWN = frozenset({"model", "prompt", "add_special_tokens", *completion_options.FIELDS})
 _OTHER_ENDPOINT = frozenset({"messages", "prompt", "top_logprobs", "chat_template_kwargs", *tool_calls.FIELDS})
 _READ_ELSEWHERE = structured.FIELDS | tool_calls.FIELDS  # the output constraint and the tools
 
@@ -176,17 +176,23 @@ def _check_stops(stops: list[str] | None, bounds: RequestBounds) -> None:
         )
 
 
-def check_output_budget(n: int, max_tokens: int, logprobs: int | None, bounds: RequestBounds) -> None:
+def check_output_budget(n: int, max_tokens: int, logprobs: int | None, bounds: RequestBounds, *,
+                        prompt_rows: int = 0) -> None:
     """What a request may generate: n x max_tokens tokens, each with 1 + logprobs entries when
-    logprobs are asked for (the rows a worker holds grow with it)."""
+    logprobs are asked for (the rows a worker holds grow with it), plus the prompt's rows when
+    its logprobs are asked for (echo)."""
     per_token = 1 if logprobs is None else 2 + logprobs
-    cost = n * max_tokens * per_token
+    cost = (n * max_tokens + prompt_rows) * per_token
     if cost > bounds.max_output_tokens:
-        shape = f"n ({n}) x max_tokens ({max_tokens})" + ("" if logprobs is None else f" x (2 + logprobs {logprobs})")
+        shape = f"n ({n}) x max_tokens ({max_tokens})"
+        if prompt_rows:
+            shape = f"({shape} + {prompt_rows} echoed prompt tokens)"
+        if logprobs is not None:
+            shape += f" x (2 + logprobs {logprobs})"
         raise InvalidLine(
             OUTPUT_BUDGET_EXCEEDED,
             f"{shape} is {cost:,}; a request may ask for at most {bounds.max_output_tokens:,}. "
-            "Lower n, max_tokens or logprobs, or split the request across lines.",
+            "Lower n, best_of, max_tokens or logprobs, or split the request across lines.",
         )
 
 

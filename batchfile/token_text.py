@@ -58,8 +58,12 @@ def _special_ids(tokenizer) -> frozenset[int]:
     return frozenset(ids)
 
 
-def _hf(tokenizer):
+def hf_tokenizer(tokenizer):
+    """The Hugging Face tokenizer of a tokenizer or of a wrapper holding one (`ModelLimits`)."""
     return tokenizer if hasattr(tokenizer, "convert_ids_to_tokens") else tokenizer.tokenizer
+
+
+_hf = hf_tokenizer
 
 
 def token_bytes(tokenizer, token_id: int) -> bytes:

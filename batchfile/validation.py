@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from batchfile import embeddings
+from batchfile import completion_options, embeddings
 from batchfile.errors import (
     CONTEXT_LENGTH_EXCEEDED,
     DUPLICATE_CUSTOM_ID,
@@ -177,6 +177,7 @@ class LineValidator:
             sampling = SamplingParams(**params)
         except (ValueError, TypeError) as e:
             raise InvalidLine(INVALID_PARAMETER, str(e)) from None
+        completion_options.check_bias_ids(sampling.logit_bias, limits.vocab_size)
         pending = Pending(line, custom_id, url, limits, raw_body, sampling, explicit, bounds=self.bounds,
                           options=options, tools=tools)
         _read_prompt(pending, body)
@@ -204,7 +205,7 @@ def _shape_options(body: dict, url: str, params: dict) -> tuple[dict, list | Non
     """The response options and the chat template's tools; edits `params`: n greedy copies run as
     one sample (OpenAI accepts n > 1 at temperature 0; the engine, as vLLM, does not), and
     tool_choice required or named adds its constraint."""
-    options: dict = {}
+    options = {} if url == CHAT_URL else completion_options.read(body, params)
     n = params.get("n", 1)
     if n > 1 and params.get("temperature", 1.0) == 0:
         params["n"], options["copies"] = 1, n
@@ -234,6 +235,8 @@ def _read_prompt(pending: Pending, body: dict) -> None:
         pending.add_special_tokens = bool(special)
     else:
         pending.text, pending.token_ids = prompt_of(body.get("prompt"), pending.limits.vocab_size)
+        if pending.options and pending.options.get("echo") and pending.text is not None:
+            pending.options["echo"] = pending.text  # echoed as sent, not as decoded
         pending.add_special_tokens = special is not False  # vLLM's default for raw prompts
 
 
@@ -244,7 +247,8 @@ def finish(pending: Pending) -> ParsedRequest:
         return embeddings.finish_line(pending.line, pending.custom_id, pending.limits, pending.body, pending.embedding)
     _fit_context(pending, pending.token_ids)
     sp = pending.sampling
-    check_output_budget(sp.n, sp.max_tokens, sp.logprobs, pending.bounds)
+    check_output_budget(sp.n, sp.max_tokens, sp.logprobs, pending.bounds,
+                        prompt_rows=len(pending.token_ids) if sp.prompt_logprobs is not None else 0)
     return ParsedRequest(
         pending.line,
         pending.custom_id,

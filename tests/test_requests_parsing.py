@@ -425,7 +425,7 @@ _field_names = st.sampled_from(
     ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n",
      "stop", "seed", "logprobs", "top_logprobs", "stream", "top_k", "min_p", "min_tokens",
      "repetition_penalty", "ignore_eos", "stop_token_ids", "presence_penalty", "frequency_penalty", "user",
-     "chat_template_kwargs", "add_special_tokens", "response_format", "tools", "echo", "best_of",
+     "chat_template_kwargs", "add_special_tokens", "response_format", "tools", "echo", "best_of", "logit_bias",
      "structured_outputs", "tool_choice", "parallel_tool_calls"]
 )  # fmt: skip
 _bodies = st.dictionaries(_field_names | st.text(max_size=6), _json, max_size=6)

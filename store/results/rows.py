@@ -37,7 +37,7 @@ import pyarrow as pa
 
 from batchfile.errors import LineError
 from batchfile.request import ParsedRequest
-from batchfile.responses import response_body
+from batchfile.responses import response_body, returned_output
 
 COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
 STATUSES = (COMPLETED, FAILED, CANCELLED)
@@ -108,7 +108,8 @@ def completed_row(
     Times: datetimes or epoch seconds.
     """
     choices = sorted(output.outputs, key=lambda c: c.index)
-    first = choices[0] if choices else None
+    returned = sorted(returned_output(request, output).outputs, key=lambda c: c.index)  # best_of: the best first
+    first = returned[0] if returned else None
     aborted = any(c.finish_reason == "abort" for c in choices)
     if body is None and not aborted:
         body = response_body(request, output, tokenizer=tokenizer)

@@ -90,3 +90,42 @@ def test_eos_finishes_a_beam_and_scores_without_it():
     assert all(0 not in s.tokens[2:-1] for s in out.sequences)  # nothing continues past EOS
     ignored = run_beam_search(ScriptedLLM(), [[5, 6]], BeamSearchParams(beam_width=2, max_tokens=3, ignore_eos=True))
     assert all(len(s.tokens) == 5 for s in ignored[0].sequences)
+
+
+class RecordingLLM:
+    """A real LLM whose generate calls (one per beam search step) are recorded."""
+
+    def __init__(self, llm):
+        self.llm, self.llm_engine, self.steps = llm, llm.llm_engine, []
+
+    def get_tokenizer(self):
+        return self.llm.get_tokenizer()
+
+    def generate(self, prompts, params, use_tqdm):
+        outs = self.llm.generate(prompts, params, use_tqdm=use_tqdm)
+        self.steps.append(outs)
+        return outs
+
+
+def test_beams_share_every_computed_full_block_and_recompute_only_the_partial_one(tiny_model):
+    """What is shared today: every step reads each beam's full blocks (prompt and output) from the
+    prefix cache, which its parent beam computed; only the tokens of the last partial block (at
+    most block_size) are computed again per beam and step. (No fork with copy-on-write yet.)"""
+    from engine.beam_search import run_beam_search
+
+    llm = LLM(str(tiny_model("llama")), device="cpu", dtype="float32", num_kv_blocks=256)
+    bs = llm.llm_engine.block_manager.block_size
+    prompt = [(7 * i) % 200 + 3 for i in range(3 * bs + 2)]  # three full blocks and a partial one
+    spy = RecordingLLM(llm)
+    run_beam_search(spy, [prompt], BeamSearchParams(beam_width=WIDTH, max_tokens=bs + 3, ignore_eos=True))
+    assert len(spy.steps) == bs + 3
+    for step, outs in enumerate(spy.steps[1:], 1):
+        assert len(outs) == WIDTH  # every live beam, each its own request
+        for out in outs:
+            n = len(out.prompt_token_ids)
+            assert n == len(prompt) + step
+            assert out.num_cached_tokens == (n - 1) // bs * bs  # all the parent computed, in whole blocks
+            assert n - out.num_cached_tokens <= bs
+    computed = sum(len(o.prompt_token_ids) - o.num_cached_tokens for outs in spy.steps for o in outs)
+    assert computed < sum(len(o.prompt_token_ids) for outs in spy.steps for o in outs) / 3
+    assert llm.llm_engine.num_free_blocks() == llm.llm_engine.block_manager.num_blocks
