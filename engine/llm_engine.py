@@ -221,6 +221,10 @@ class LLMEngine:
                     self.scheduler.finish(seq)
             return True
 
+    def pause_requests(self, request_ids) -> None:
+        """Skip these requests' sequences in the next steps (they keep their KV blocks) until the next call."""
+        self.scheduler.paused = frozenset(request_ids)
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._known_ids)
 

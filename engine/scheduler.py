@@ -5,7 +5,8 @@ has that are not yet in the KV cache, capped by what is left of the step's token
 budget. A long prompt thus runs in chunks that share steps with decodes. Running
 sequences go first, oldest first; waiting ones join in arrival order while the budget,
 the sequence cap and the pool allow. When the pool runs dry the newest running
-sequence is preempted: its blocks are freed and it is recomputed later.
+sequence is preempted: its blocks are freed and it is recomputed later. Sequences of the
+requests in `paused` (set by the caller) are skipped: they keep their blocks and wait.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.paused: frozenset[str] = frozenset()  # request ids not to schedule for now
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -52,6 +54,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if seq.request_id in self.paused:
+                i += 1
+                continue
             n = min(len(seq) - seq.num_computed_tokens, budget)
             while not self.block_manager.grow(seq, seq.num_computed_tokens + n):
                 preempted = True
@@ -67,8 +72,12 @@ class Scheduler:
             budget -= n
             i += 1
         # Admit no one in a step that had to preempt: the pool is already too tight.
+        skipped: list[Sequence] = []
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if seq.request_id in self.paused:
+                skipped.append(self.waiting.popleft())
+                continue
             hits = self.block_manager.match_prefix(seq)
             computed = len(hits) * self.block_manager.block_size
             n = min(len(seq) - computed, budget)
@@ -83,6 +92,7 @@ class Scheduler:
             batch.num_new_tokens.append(n)
             self.block_manager.register_full_blocks(seq, computed + n)  # later admissions may share them
             budget -= n
+        self.waiting.extendleft(reversed(skipped))
         return batch
 
     def _preempt(self, seq: Sequence) -> None:

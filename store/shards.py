@@ -4,7 +4,8 @@ A lease (`Shard.lease_until`) makes a shard one worker's at a time: a broker red
 is skipped, and a shard whose lease runs out (its worker died) is taken back by the sweeper. Each claim
 is a new attempt, whatever redelivered it (a broker redelivery, the sweeper taking back a lost lease, a
 retry, a hand-back); only the current attempt may finish the shard. A claim past `max_attempts` is marked
-`exhausted`: the shard keeps killing or losing its workers, so its requests are failed instead of run.
+`exhausted`: the shard keeps killing or losing its workers. The worker then splits it (`split_shard`) into
+new shards with fresh attempts, so the innocent requests still run, down to single requests, which fail.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ from sqlalchemy import update
 
 from store.db import session_scope
 from store.models import CANCELLED, CANCELLING, SHARD_DONE, SHARD_QUEUED, SHARD_RUNNING, Job, Shard, utcnow
+from store.paths import shard_id as shard_id_of
+from store.paths import shard_input_key
 from store.results.parquet import ResultCounts
 from store.settings import Settings
+from store.storage import get_storage
 
 log = logging.getLogger(__name__)
 
@@ -148,3 +152,34 @@ def report_progress(settings: Settings, shard_id: str, attempt: int, counts: Res
                 completion_tokens=counts.completion_tokens,
             )
         )
+
+
+def split_shard(
+    settings: Settings, shard_id: str, attempt: int, chunks: list[list[bytes]], requeue_s: float = 60.0
+) -> list[tuple[str, str]] | None:
+    """Replace a running shard (its current `attempt`) with one new queued shard per chunk of its input lines
+    (attempts start again at 0); the old shard is done with no part and no counts. Returns the new shards'
+    (id, model), to enqueue; None if `attempt` is stale (nothing changes then)."""
+    with session_scope(settings.database_url) as s:
+        job_id = s.get(Shard, shard_id).job_id
+        job = s.get(Job, job_id, with_for_update=True)  # its shard_count numbers the new shards
+        shard = s.get(Shard, shard_id, with_for_update=True)
+        if shard.status != SHARD_RUNNING or shard.attempts != attempt:
+            return None
+        now = utcnow()
+        storage = get_storage(settings.storage_url)
+        new = []
+        for lines in chunks:
+            index = job.shard_count
+            job.shard_count += 1
+            key = shard_input_key(job_id, index)
+            with storage.open_write(key) as out:
+                out.write(b"".join(lines))
+            new.append(Shard(id=shard_id_of(job_id, index), job_id=job_id, index=index, model=shard.model,
+                             request_count=len(lines), input_key=key, status=SHARD_QUEUED,
+                             lease_until=now + timedelta(seconds=requeue_s)))  # fmt: skip
+        s.add_all(new)
+        shard.status, shard.lease_until, shard.worker, shard.finished_at = SHARD_DONE, None, None, now
+        shard.completed = shard.failed = shard.cancelled = shard.prompt_tokens = shard.completion_tokens = 0
+        shard.error = f"split into {', '.join(n.id for n in new)} after {attempt - 1} attempts"
+        return [(n.id, n.model) for n in new]

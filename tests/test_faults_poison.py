@@ -1,5 +1,6 @@
 """Poison work (issue 12, finding 2): a shard that SIGKILLs its worker on every attempt is tried a limited
-number of times, then its requests fail with a clear error, its job completes, and other jobs flow."""
+number of times, then bisected: its halves run as new shards with fresh attempts, down to the one request
+that kills the worker, which fails alone with a clear error; the job completes, and other jobs flow."""
 
 import time
 
@@ -12,7 +13,7 @@ pytestmark = pytest.mark.slow
 MAX_ATTEMPTS = 2
 
 
-def test_a_shard_that_kills_its_worker_every_time_ends_failed_after_the_limit(fresh_workers):
+def test_a_shard_that_kills_its_worker_every_time_is_bisected_down_to_the_one_poison_request(fresh_workers):
     h = fresh_workers
     env = {"PAGEDBATCH_TEST_KILL": "KILLPILL", "PAGEDBATCH_MAX_SHARD_ATTEMPTS": str(MAX_ATTEMPTS)}
 
@@ -36,17 +37,22 @@ def test_a_shard_that_kills_its_worker_every_time_ends_failed_after_the_limit(fr
             deaths += 1
             worker = start()
         time.sleep(0.2)
-    assert deaths == MAX_ATTEMPTS  # every attempt killed its worker; the one past the limit did not run
+    # [x0..x3] dies MAX_ATTEMPTS times and is split; [x0, x1] runs; [x2, x3] dies and is split; [x3] runs;
+    # [x2] dies MAX_ATTEMPTS times and fails alone
+    assert deaths == 3 * MAX_ATTEMPTS
 
     done = h.job(poison["id"])
     counts = done["request_counts"]
-    assert (counts["total"], counts["completed"], counts["failed"]) == (4, 0, 4)
+    assert (counts["total"], counts["completed"], counts["failed"]) == (4, 3, 1)
     output, errors = h.assert_exactly_once(done["id"], poison_ids)
-    assert not output
-    assert {e["error"]["code"] for e in errors} == {"shard_attempts_exhausted"}
-    assert "2 times" in errors[0]["error"]["message"]
-    (shard,) = h.shards(poison["id"])
-    assert shard.attempts == MAX_ATTEMPTS + 1
+    assert sorted(line["custom_id"] for line in output) == ["x0", "x1", "x3"]
+    (error,) = errors
+    assert error["custom_id"] == "x2" and error["error"]["code"] == "shard_attempts_exhausted"
+    assert "2 times" in error["error"]["message"]
+    shards = h.shards(poison["id"])
+    assert [s.request_count for s in shards] == [4, 2, 2, 1, 1]
+    assert [s.attempts for s in shards] == [MAX_ATTEMPTS + 1, 1, MAX_ATTEMPTS + 1, MAX_ATTEMPTS + 1, 1]
+    assert shards[0].error.startswith("split into") and shards[2].error.startswith("split into")
 
     assert h.job(other["id"])["request_counts"]["completed"] == len(other_ids)
     h.assert_exactly_once(other["id"], other_ids)

@@ -2,6 +2,7 @@
 holds them all (issue 12, finding 2), the part is still all-or-nothing, and results stay in line order."""
 
 import json
+import multiprocessing
 import random
 import threading
 import time
@@ -15,6 +16,7 @@ from store.jobs import get_job
 from store.results.part_writer import ROW_GROUP_ROWS
 from store.results.parts import results_store
 from tests.helpers import MODEL, chat_line, jsonl, validated
+from tests.rss import current_rss
 from tests.test_platform_shards import FakeWatcher
 from workers import shard_runner
 
@@ -29,8 +31,9 @@ class LargeOutputHost:
 
     tokenizer = None
 
-    def __init__(self, fail_after: int | None = None):
+    def __init__(self, fail_after: int | None = None, on_output=None):
         self.fail_after = fail_after
+        self.on_output = on_output  # called after each output is handed over
 
     def submit_many(self, requests, tenant="default"):
         futures = [Future() for _ in requests]
@@ -54,6 +57,8 @@ class LargeOutputHost:
                 previous = weakref.ref(output)
                 pending.pop(i).set_result(output)
                 del output, text
+                if self.on_output is not None:
+                    self.on_output()
 
         threading.Thread(target=finish, daemon=True).start()
         return futures
@@ -97,6 +102,30 @@ def test_a_shard_of_large_outputs_is_written_as_it_runs(platform, monkeypatch):
     assert [line["custom_id"] for line in lines] == [f"r{i}" for i in range(LINES)]  # line order, not finish order
     text = lines[7]["response"]["body"]["choices"][0]["message"]["content"]
     assert text.startswith("000007") and len(text) == 6 + OUTPUT_CHARS
+
+
+def _run_shard_sampling_rss(settings, shard_id: str, results) -> None:
+    """In a fresh process (no memory left over from other tests): run the shard, sampling RSS per output."""
+    samples: list[int] = []
+    shard_runner.maybe_finalize = lambda *a: None
+    outcome = shard_runner.run_shard(settings, LargeOutputHost(on_output=lambda: samples.append(current_rss())),
+                                     FakeWatcher(), shard_id)  # fmt: skip
+    results.put((outcome, samples))
+
+
+def test_the_workers_rss_stays_flat_while_a_shard_of_large_outputs_runs(platform):
+    settings, job = _one_shard_job(platform)
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    child = context.Process(target=_run_shard_sampling_rss, args=(settings, f"{job['id']}.00000", results))
+    child.start()
+    outcome, samples = results.get(timeout=120)
+    child.join(30)
+    assert outcome == "done" and len(samples) == LINES
+    # after the first quarter (the first row groups written, allocators warmed up) the real memory stays flat:
+    # measured +0 MB over the remaining 300 outputs (38 MB) with 32-row groups, +75 MB with every row held
+    warm = samples[LINES // 4]
+    assert max(samples[LINES // 4 :]) - warm < 20 * 1024 * 1024, [s >> 20 for s in samples[:: LINES // 16]]
 
 
 def test_an_attempt_handed_back_midway_leaves_no_part(platform):

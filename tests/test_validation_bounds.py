@@ -6,7 +6,9 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import multiprocessing
 import resource
+import threading
 import time
 
 import pytest
@@ -18,6 +20,7 @@ from batchfile.prompts import SCREEN_CHARS
 from batchfile.request import COMPLETIONS_URL
 from batchfile.sampling import RequestBounds
 from engine.tiny import write_tiny_model
+from tests.rss import PeakRSS
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +47,36 @@ def test_an_8mb_prompt_is_rejected_fast_without_tokenizing_it(limits):
     assert "at least" in result.message
     assert elapsed < 5, elapsed  # tokenizing it whole took 20 s and 2.6 GB
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 300 * 1024  # KiB on Linux
+
+
+def _validate_four_8mb_lines_at_once(limits: ModelLimits, results) -> None:
+    """In a fresh process, as an API process is: four 8 MB lines validated by four threads at once."""
+    lines = [completion(f"big{i}", "x " * 4_000_000, model="tiny") for i in range(4)]
+    found, start = [], threading.Barrier(4)
+
+    def validate(line: bytes) -> None:
+        start.wait()
+        found.extend(parse(limits, line))
+
+    with PeakRSS() as rss:
+        threads = [threading.Thread(target=validate, args=(line,)) for line in lines]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    results.put(([getattr(r, "code", None) for r in found], rss.growth, rss.peak))
+
+
+def test_four_8mb_lines_validated_at_once_keep_rss_far_under_1gb(limits):
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    child = context.Process(target=_validate_four_8mb_lines_at_once, args=(limits, results))
+    child.start()
+    codes, growth, peak = results.get(timeout=120)
+    child.join(30)
+    assert codes == [CONTEXT_LENGTH_EXCEEDED] * 4
+    # real memory (VmHWM of the process): tokenizing one whole took 2.6 GB; measured: 388 MB peak, +97 MB for four
+    assert peak < 1 << 30 and growth < 400 << 20, (peak >> 20, growth >> 20)
 
 
 @pytest.mark.parametrize("word", ["x ", "hello world. ", "no-spaces-at-all-"])

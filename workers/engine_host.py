@@ -48,6 +48,7 @@ class EngineHost:
         self._fair = FairShare(enabled=False)  # set once the engine is loaded (its capacity)
         self._suspects: deque[list[str]] = deque()  # groups still to run on their own
         self._group: set[str] | None = None  # the suspects running now
+        self._paused_any = False  # some requests are paused in the engine (fair share's time slicing)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -160,6 +161,21 @@ class EngineHost:
                     self._add(request_id)
                     running[tenant] += request_id in self._in_engine
 
+    def _pause(self) -> bool:
+        """Fair share's time slicing: tell the engine whose requests sit out the next step; True if any do."""
+        pause = getattr(self.engine, "pause_requests", None)
+        if pause is None:
+            return False
+        with self._lock:
+            tenants = set()
+            if not self._isolating():
+                tenants = self._fair.to_pause(Counter(self._tenant_of.get(rid) for rid in self._in_engine))
+            ids = [rid for rid in self._in_engine if self._tenant_of.get(rid) in tenants]
+        if ids or self._paused_any:
+            pause(ids)
+        self._paused_any = bool(ids)
+        return self._paused_any
+
     def _add(self, request_id: str) -> None:
         """Put a known request into the engine (under the lock); a rejected one fails alone."""
         prompt, params = self._requests[request_id]
@@ -206,6 +222,7 @@ class EngineHost:
                 self._wake.wait(self.idle_wait_s)
                 self._wake.clear()
                 continue
+            paused = self._pause()
             started = time.perf_counter()
             try:
                 outputs = self.engine.step()
@@ -214,8 +231,10 @@ class EngineHost:
                     self.observer.step_failed(exc)
                 self._step_failed(exc)
                 continue
+            elapsed = time.perf_counter() - started
+            self._fair.stepped(elapsed, paused)
             if self.observer is not None:
-                self.observer.step_done(outputs, time.perf_counter() - started)
+                self.observer.step_done(outputs, elapsed)
             for output in outputs:
                 if not getattr(output, "finished", True) and getattr(output, "kv_export", None) is None:
                     continue  # a prefill-only request's output (kv_export set) is final

@@ -21,13 +21,14 @@ from dataclasses import dataclass, field
 from sqlalchemy.exc import DBAPIError
 
 from batchfile.shard_input import decode_request
+from broker.queue import enqueue_shards
 from store.cancel import stop_reason
 from store.finalize import maybe_finalize
 from store.results.parquet import count_results
 from store.results.parts import results_store
 from store.results.rows import cancelled_row, expired_row, request_failed_row
 from store.settings import Settings
-from store.shards import claim_shard, finish_shard, owns_shard, release_shard
+from store.shards import claim_shard, finish_shard, owns_shard, release_shard, split_shard
 from store.storage import get_storage
 from workers import leases
 from workers.line_requests import engine_request, result_row
@@ -41,7 +42,7 @@ ENGINE_ERROR = "engine_error"
 ATTEMPTS_EXHAUSTED = "shard_attempts_exhausted"
 DB_RETRY_S = 60.0  # how long a finished shard waits for the database to come back before giving up
 
-DONE, CANCELLED, SKIPPED, RELEASED, LOST = "done", "cancelled", "skipped", "released", "lost"
+DONE, CANCELLED, SKIPPED, RELEASED, LOST, SPLIT = "done", "cancelled", "skipped", "released", "lost", "split"
 
 draining = threading.Event()  # set when this worker shuts down
 _in_flight: dict[str, list[str]] = {}  # shard id -> its request ids in the engine
@@ -106,7 +107,7 @@ class _Attempt:
 
 
 def run_shard(settings: Settings, host, watcher, shard_id: str) -> str:
-    """Returns what happened: "done", "cancelled", "skipped", "released" or "lost"."""
+    """Returns what happened: "done", "cancelled", "skipped", "released", "lost" or "split"."""
     if draining.is_set():
         return RELEASED
     recovery = Recovery.from_env()
@@ -115,11 +116,7 @@ def run_shard(settings: Settings, host, watcher, shard_id: str) -> str:
         with_db_retry(maybe_finalize, settings, job_of(shard_id))
         return SKIPPED
     if claim.exhausted:  # poison work: every attempt so far killed or lost its worker
-        log.error("shard %s: %d attempts used up; failing its requests", shard_id, claim.attempt - 1)
-        message = (f"the shard was started {claim.attempt - 1} times and never finished (its worker died or "
-                   "lost it each time); its requests were not run again")
-        _fail_requests(settings, shard_id, claim, ATTEMPTS_EXHAUSTED, message)
-        return DONE
+        return _bisect_or_fail(settings, shard_id, claim, recovery)
     requests = _read_requests(settings, claim.input_key)
     t0 = time.time()
     part = results_store(settings).open_part(claim.job_id, shard_id)
@@ -140,6 +137,29 @@ def run_shard(settings: Settings, host, watcher, shard_id: str) -> str:
     )
     with_db_retry(maybe_finalize, settings, claim.job_id)
     return CANCELLED if counts.cancelled else DONE
+
+
+def _bisect_or_fail(settings: Settings, shard_id: str, claim, recovery: Recovery) -> str:
+    """A shard whose attempts are used up: split into two halves with fresh attempts, so that its innocent
+    requests still run; a single request is failed alone."""
+    with get_storage(settings.storage_url).open_read(claim.input_key) as f:
+        lines = [line if line.endswith(b"\n") else line + b"\n" for line in f if line.strip()]
+    if len(lines) > 1:
+        half = len(lines) // 2
+        new = with_db_retry(split_shard, settings, shard_id, claim.attempt, [lines[:half], lines[half:]],
+                            recovery.requeue_s)  # fmt: skip
+        if new is None:
+            return LOST
+        log.error("shard %s: %d attempts used up; split its %d requests into %s", shard_id, claim.attempt - 1,
+                  len(lines), ", ".join(sid for sid, _ in new))  # fmt: skip
+        results_store(settings).open_part(claim.job_id, shard_id).discard_with_leftovers()  # dead attempts' files
+        enqueue_shards(settings, new)
+        return SPLIT
+    log.error("shard %s: %d attempts used up; failing its request", shard_id, claim.attempt - 1)
+    message = (f"the request was started {claim.attempt - 1} times and never finished (its worker died or "
+               "lost it each time); it was not run again")
+    _fail_requests(settings, shard_id, claim, ATTEMPTS_EXHAUSTED, message)
+    return DONE
 
 
 def _run_and_write(settings: Settings, host, watcher, shard_id: str, claim, requests, lease_s, part) -> str:

@@ -66,6 +66,11 @@ class PartWriter:
                 with contextlib.suppress(Exception):
                     self._fs.rm(leftover)
 
+    def discard_with_leftovers(self) -> None:
+        """Drop the part and the earlier attempts' temporary files: no attempt writes this part any more."""
+        self.discard()
+        self._remove_leftovers()
+
     def discard(self) -> None:
         """Drop the part: the temporary file is removed, nothing appears at `path`."""
         self._rows = []
