@@ -145,8 +145,14 @@ class JobRequestCounts(ApiObject):
     cancelled: int
 
 
+class PromptTokensDetails(ApiObject):
+    cached_tokens: int = 0
+    """Prompt tokens read from the prefix cache"""
+
+
 class JobUsage(ApiObject):
     prompt_tokens: int
+    prompt_tokens_details: PromptTokensDetails = PromptTokensDetails()
     completion_tokens: int
     total_tokens: int
 

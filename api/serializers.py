@@ -68,6 +68,7 @@ def batch_object(job: Job, progress: Progress) -> objects.Batch:
         ),
         usage=objects.BatchUsage(
             input_tokens=progress.prompt_tokens,
+            input_tokens_details=objects.InputTokensDetails(cached_tokens=progress.cached_tokens),
             output_tokens=progress.completion_tokens,
             total_tokens=progress.prompt_tokens + progress.completion_tokens,
         ),
@@ -98,6 +99,7 @@ def job_object(job: Job, progress: Progress) -> objects.Job:
         ),
         usage=objects.JobUsage(
             prompt_tokens=progress.prompt_tokens,
+            prompt_tokens_details=objects.PromptTokensDetails(cached_tokens=progress.cached_tokens),
             completion_tokens=progress.completion_tokens,
             total_tokens=progress.prompt_tokens + progress.completion_tokens,
         ),

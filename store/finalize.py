@@ -149,6 +149,7 @@ def _set_counts(job: Job, counts: ResultCounts) -> None:
     job.request_cancelled = counts.cancelled
     job.prompt_tokens = counts.prompt_tokens
     job.completion_tokens = counts.completion_tokens
+    job.cached_tokens = counts.cached_tokens
 
 
 def _write_final_files(

@@ -23,6 +23,7 @@ class Progress:
     completion_tokens: int
     requests_done: int  # valid requests finished
     requests_valid: int
+    cached_tokens: int = 0  # of prompt_tokens, those read from the prefix cache
 
 
 def get_job_and_progress(settings: Settings, tenant: str, job_id: str) -> tuple[Job, Progress]:
@@ -44,6 +45,7 @@ def job_progress(settings: Settings, job: Job, session: Session | None = None) -
             job.completion_tokens,
             valid,
             valid,
+            job.cached_tokens,
         )
     if not job.shard_count:
         return Progress(0, 0, 0, 0, 0, 0, valid)
@@ -53,7 +55,8 @@ def job_progress(settings: Settings, job: Job, session: Session | None = None) -
     else:
         with session_scope(settings.database_url) as s:
             row = s.execute(_progress_query(), params).one()
-    return Progress(*(int(v) for v in row), valid)
+    *counts, done, cached = (int(v) for v in row)
+    return Progress(*counts, done, valid, cached)
 
 
 @functools.cache
@@ -67,4 +70,5 @@ def _progress_query():
         func.coalesce(func.sum(Shard.completion_tokens), 0),
         # finished requests, also of running shards (they record their counts as they go)
         func.coalesce(func.sum(Shard.completed + Shard.failed + Shard.cancelled), 0),
+        func.coalesce(func.sum(Shard.cached_tokens), 0),
     ).where(Shard.job_id == bindparam("job_id"))

@@ -61,7 +61,8 @@ def claim_shard(
             return None
         job = s.get(Job, shard.job_id)
         shard.status = SHARD_RUNNING
-        shard.completed = shard.failed = shard.cancelled = shard.prompt_tokens = shard.completion_tokens = 0
+        shard.completed = shard.failed = shard.cancelled = 0
+        shard.prompt_tokens = shard.completion_tokens = shard.cached_tokens = 0
         shard.attempts += 1
         shard.started_at = now
         shard.lease_until = now + timedelta(seconds=lease_s)
@@ -132,6 +133,7 @@ def finish_shard(
         shard.cancelled = counts.cancelled
         shard.prompt_tokens = counts.prompt_tokens
         shard.completion_tokens = counts.completion_tokens
+        shard.cached_tokens = counts.cached_tokens
         shard.finished_at = utcnow()
         shard.error = None
     return True
@@ -150,6 +152,7 @@ def report_progress(settings: Settings, shard_id: str, attempt: int, counts: Res
                 cancelled=counts.cancelled,
                 prompt_tokens=counts.prompt_tokens,
                 completion_tokens=counts.completion_tokens,
+                cached_tokens=counts.cached_tokens,
             )
         )
 
@@ -180,6 +183,7 @@ def split_shard(
                              lease_until=now + timedelta(seconds=requeue_s)))  # fmt: skip
         s.add_all(new)
         shard.status, shard.lease_until, shard.worker, shard.finished_at = SHARD_DONE, None, None, now
-        shard.completed = shard.failed = shard.cancelled = shard.prompt_tokens = shard.completion_tokens = 0
+        shard.completed = shard.failed = shard.cancelled = 0
+        shard.prompt_tokens = shard.completion_tokens = shard.cached_tokens = 0
         shard.error = f"split into {', '.join(n.id for n in new)} after {attempt - 1} attempts"
         return [(n.id, n.model) for n in new]

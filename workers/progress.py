@@ -34,6 +34,7 @@ class ShardProgress:
             if status == "completed":
                 self.counts.prompt_tokens += row["prompt_tokens"] or 0
                 self.counts.completion_tokens += row["completion_tokens"] or 0
+                self.counts.cached_tokens += row.get("cached_tokens") or 0
             self.board.dirty.add(self)
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 from store.results.rows import COMPLETED, STATUSES, rows_to_table
 from store.storage import atomic_write, url_to_fs
 
-COUNT_COLUMNS = ["status", "prompt_tokens", "completion_tokens"]
+COUNT_COLUMNS = ["status", "prompt_tokens", "completion_tokens", "cached_tokens"]
 
 
 def write_table(fs: fsspec.AbstractFileSystem, path: str, table: pa.Table) -> None:
@@ -31,10 +31,13 @@ def write_results(url: str, rows: Iterable[dict] | pa.Table, *, storage_options:
 def read_batches(
     fs: fsspec.AbstractFileSystem, paths: list[str], columns: list[str] | None, batch_size: int = 1024
 ) -> Iterator[pa.RecordBatch]:
-    """The rows of the files, one after the other, in batches of `batch_size`."""
+    """The rows of the files, one after the other, in batches of `batch_size`; of `columns`, those a
+    file has (parts written before a column was added lack it)."""
     for path in paths:
         with fs.open(path, "rb") as f:
-            yield from pq.ParquetFile(f).iter_batches(batch_size=batch_size, columns=columns)
+            file = pq.ParquetFile(f)
+            present = columns if columns is None else [c for c in columns if c in file.schema_arrow.names]
+            yield from file.iter_batches(batch_size=batch_size, columns=present)
 
 
 @dataclass
@@ -45,6 +48,7 @@ class ResultCounts:
     cancelled: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, those read from the prefix cache
 
     @property
     def total_tokens(self) -> int:
@@ -63,6 +67,8 @@ def count_batches(batches: Iterable[pa.RecordBatch]) -> ResultCounts:
         completed = pc.equal(batch.column("status"), COMPLETED)
         counts.prompt_tokens += pc.sum(pc.filter(batch.column("prompt_tokens"), completed)).as_py() or 0
         counts.completion_tokens += pc.sum(pc.filter(batch.column("completion_tokens"), completed)).as_py() or 0
+        if "cached_tokens" in batch.schema.names:
+            counts.cached_tokens += pc.sum(pc.filter(batch.column("cached_tokens"), completed)).as_py() or 0
     return counts
 
 

@@ -15,6 +15,7 @@ output_token_ids   list<int32>          token ids of choice 0
 finish_reason      string               choice 0's: "stop" | "length"
 prompt_tokens      int32                prompt length in tokens
 completion_tokens  int32                generated tokens, all choices together
+cached_tokens      int32                prompt tokens read from the prefix cache (null in old parts)
 error_code         string               for failed/cancelled rows (see batchfile.errors)
 error_message      string               for failed/cancelled rows
 response_body      string               the full OpenAI response body as JSON (every choice)
@@ -58,6 +59,7 @@ RESULT_SCHEMA = pa.schema([
     pa.field("finish_reason", pa.string()),
     pa.field("prompt_tokens", pa.int32()),
     pa.field("completion_tokens", pa.int32()),
+    pa.field("cached_tokens", pa.int32()),
     pa.field("error_code", pa.string()),
     pa.field("error_message", pa.string()),
     pa.field("response_body", pa.string()),
@@ -125,6 +127,7 @@ def completed_row(
         "finish_reason": first.finish_reason if first else None,
         "prompt_tokens": prompt_tokens,
         "completion_tokens": sum(len(c.token_ids) for c in choices),
+        "cached_tokens": min(getattr(output, "num_cached_tokens", 0) or 0, prompt_tokens),
         "error_code": ABORTED_CODE if aborted else None,
         "error_message": "the request was aborted before it finished" if aborted else None,
         "response_body": None if body is None else json.dumps(body, ensure_ascii=False),
@@ -160,6 +163,7 @@ def failed_row(
         model=model,
         prompt_tokens=prompt_tokens,
         completion_tokens=0,
+        cached_tokens=0,
         error_code=code,
         error_message=message,
         shard_id=None if shard_id is None else str(shard_id),
