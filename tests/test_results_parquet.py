@@ -282,3 +282,23 @@ def test_error_lines_escape_what_splitlines_splits_on(tmp_path):
     parsed = json.loads(text)
     assert parsed["custom_id"] == custom_id
     assert parsed["response"]["body"]["error"]["message"] == "bad \u2028 json"
+
+
+def test_cached_tokens_capped_summed_for_completed_and_old_parts_still_read(store):
+    hit = _output(1)
+    hit.num_cached_tokens = 2
+    over = _output(2)
+    over.num_cached_tokens = 99  # more than the prompt's 3 tokens: capped
+    rows = [completed_row(_request(1), hit), completed_row(_request(2), over), cancelled_row(_request(3))]
+    assert [r["cached_tokens"] for r in rows] == [2, 3, 0]
+    store.write_part("job1", "job1.0", rows)
+    # a part written before the column existed
+    old = rows_to_table([completed_row(_request(4), _output(4))]).drop_columns(["cached_tokens"])
+    store.fs.makedirs(store.job_dir("job1") + "/parts", exist_ok=True)
+    with store.fs.open(store.part_path("job1", "job1.1"), "wb") as f:
+        pq.write_table(old, f)
+    counts = store.count("job1")
+    assert (counts.completed, counts.cancelled, counts.prompt_tokens, counts.cached_tokens) == (3, 1, 9, 5)
+    merged = pq.read_table(store.fs.open(store.merge("job1"), "rb"))
+    assert merged.column("cached_tokens").to_pylist() == [2, 3, 0, None]
+    assert len(list(store.iter_output_jsonl("job1"))) == 3
