@@ -118,13 +118,17 @@ def _shot(driver, name: str) -> None:
 
 def _wait(predicate, timeout: float = 120, what: str = ""):
     """`predicate()` once truthy; the page re-renders its rows every second, so a stale element retries."""
-    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 
     deadline = time.monotonic() + timeout
     while True:
         try:
             value = predicate()
         except StaleElementReferenceException:
+            value = None
+        except WebDriverException as exc:  # Chromium's wording when the node was replaced mid-call
+            if "does not belong to the document" not in str(exc):
+                raise
             value = None
         if value:
             return value
