@@ -1,0 +1,150 @@
+"""A leaner forward pass for steps made only of pooling prompts.
+
+Each sequence's attention runs on the K/V just computed (one SDPA call per sequence) instead of
+gathering them back from the paged cache; only a chunk that continues a prompt (chunked prefill,
+or a prefix-cache hit) reads its earlier positions from the cache. The cache is written only when
+something will read it (prefix caching on, or a prompt that continues in a later chunk).
+
+In the last layer only the rows that pooling reads go on past attention (the last token for
+last-token pooling, the first for CLS, all for mean): the other rows' o_proj, MLP and final norm
+are skipped, their K/V still serve the kept rows' attention.
+
+The layers' own modules (projections, norms, rotary, MLP) do the work, in the order of
+`engine.models.llama`; a model without that structure takes the generic path (`supports`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.scheduler import ScheduledBatch
+
+_LAYER_PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
+_ATTN_PARTS = ("layer", "qkv_proj", "o_proj", "q_norm", "k_norm", "ops", "num_heads", "num_kv_heads", "head_dim",
+               "scale")
+
+
+def supports(model) -> bool:
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None or not hasattr(inner, "embed_tokens") or not hasattr(inner, "norm"):
+        return False
+    return all(hasattr(layer, p) for layer in layers for p in _LAYER_PARTS) and all(
+        hasattr(layer.self_attn, p) for layer in layers for p in _ATTN_PARTS)
+
+
+def applies(runner, batch: ScheduledBatch) -> bool:
+    """Every sequence of the step pools (nothing samples, nothing decodes)."""
+    return all(s.pooling is not None for s in batch.seqs) and supports(runner.model)
+
+
+def run(runner, batch: ScheduledBatch) -> None:
+    """The step's forward pass; folds each sequence's rows into its pooling state."""
+    input_ids, inputs, _ = runner.prepare(batch)
+    write_kv = runner.config.enable_prefix_caching or any(
+        s.num_computed_tokens + n < len(s) for s, n in zip(batch.seqs, batch.num_new_tokens))
+    spans, keep, row = [], [], 0
+    for seq, n in zip(batch.seqs, batch.num_new_tokens):
+        start = seq.num_computed_tokens
+        kept = seq.pooling.needed_rows(start, n, len(seq))
+        spans.append(_Span(row, n, kept, start, seq.block_table))
+        keep.extend(range(row + kept.start, row + kept.stop))
+        row += n
+    with torch.no_grad():
+        hidden = _forward(runner.model, input_ids, inputs, spans, keep, write_kv)
+    out = 0
+    for seq, span in zip(batch.seqs, spans):
+        rows = span.kept.stop - span.kept.start
+        seq.pooling.absorb_rows(hidden[out : out + rows], span.start, span.n, len(seq))
+        out += rows
+
+
+def _forward(model, input_ids, inputs, spans, keep: list[int], write_kv: bool) -> torch.Tensor:
+    """Final hidden states of the kept rows, in batch order."""
+    inner = model.model
+    x = inner.embed_tokens(input_ids)
+    residual = None
+    last = len(inner.layers) - 1
+    keep_index = None
+    if len(keep) < x.shape[0]:
+        keep_index = torch.tensor(keep, dtype=torch.long, device=x.device)
+    for i, layer in enumerate(inner.layers):
+        if residual is None:
+            residual, x = x, layer.input_layernorm(x)
+        else:
+            x, residual = layer.input_layernorm(x, residual)
+        pruned = i == last and keep_index is not None
+        x = _attention(layer.self_attn, x, model.cos_sin, inputs, spans, keep_index if pruned else None, write_kv)
+        if pruned:
+            residual = residual[keep_index]
+        x, residual = layer.post_attention_layernorm(x, residual)
+        x = layer.mlp(x)
+    x, _ = inner.norm(x, residual)
+    return x
+
+
+def _attention(attn, x, cos_sin, inputs, spans, keep_index, write_kv: bool) -> torch.Tensor:
+    tokens = x.shape[0]
+    q_size, kv_size = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
+    q, k, v = attn.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
+    q = q.reshape(tokens, attn.num_heads, attn.head_dim)
+    k = k.reshape(tokens, attn.num_kv_heads, attn.head_dim)
+    v = v.reshape(tokens, attn.num_kv_heads, attn.head_dim)
+    if attn.q_norm is not None:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = attn.ops.apply_rotary(q, k, inputs.positions, cos_sin)
+    if write_kv:
+        k_cache, v_cache = inputs.kv_caches[attn.layer]
+        attn.ops.write_kv_cache(k, v, k_cache, v_cache, inputs.slot_mapping)
+    rows = tokens if keep_index is None else keep_index.shape[0]
+    out = q.new_empty((rows, attn.num_heads, attn.head_dim))
+    gqa = attn.num_heads != attn.num_kv_heads
+    done = 0
+    for span in spans:
+        first, start = span.first, span.start
+        a, b = (0, span.n) if keep_index is None else (span.kept.start, span.kept.stop)
+        if a == b:
+            continue
+        # the queries at chunk rows [a, b) see the prompt's positions [0, start + b) causally
+        qs = q[first + a : first + b].transpose(0, 1).unsqueeze(0)
+        ks, vs = k[first : first + b], v[first : first + b]
+        if start:
+            ks = torch.cat((_cached(inputs.kv_caches[attn.layer][0], span), ks))
+            vs = torch.cat((_cached(inputs.kv_caches[attn.layer][1], span), vs))
+        ks, vs = ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0)
+        if b - a == 1:  # one query row: every key is before it
+            o = F.scaled_dot_product_attention(qs, ks, vs, scale=attn.scale, enable_gqa=gqa)
+        elif start == 0 and a == 0:
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=attn.scale, enable_gqa=gqa)
+        else:
+            mask = _bottom_right_causal(b - a, start + b, qs.dtype, qs.device)
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=attn.scale, enable_gqa=gqa)
+        out[done : done + b - a] = o[0].transpose(0, 1)
+        done += b - a
+    return attn.o_proj(out.reshape(rows, q_size))
+
+
+@dataclass(frozen=True)
+class _Span:
+    first: int  # the sequence's first row in the step's packed tokens
+    n: int  # its new tokens
+    kept: slice  # the rows of its chunk that pooling reads (all that pass the last layer)
+    start: int  # prompt positions already computed (in the cache)
+    block_table: list[int]
+
+
+def _cached(cache: torch.Tensor, span: _Span) -> torch.Tensor:
+    """[span.start, kv_heads, head_dim]: the cached positions [0, start) of the span's sequence."""
+    block_size = cache.shape[1]
+    blocks = torch.tensor(span.block_table[: -(-span.start // block_size)], dtype=torch.long, device=cache.device)
+    return cache.index_select(0, blocks).flatten(0, 1)[: span.start]
+
+
+def _bottom_right_causal(q_len: int, length: int, dtype, device) -> torch.Tensor:
+    """[1, 1, q_len, length] additive mask: query i (position length - q_len + i) sees keys <= it.
+    4-D and additive, which keeps CPU SDPA on its flash kernel."""
+    q_pos = torch.arange(length - q_len, length, device=device)
+    keep = torch.arange(length, device=device)[None, :] <= q_pos[:, None]
+    return torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill_(~keep, float("-inf"))[None, None]
