@@ -1,11 +1,11 @@
-"""A leaner forward pass for steps made only of pooling prompts.
+"""A leaner forward pass for CPU steps made only of pooling prompts.
 
 Each sequence's attention runs on the K/V just computed (one SDPA call per sequence) instead of
 gathering them back from the paged cache; only a chunk that continues a prompt (chunked prefill,
 or a prefix-cache hit) reads its earlier positions from the cache. The cache is written only when
 something will read it (prefix caching on, or a prompt that continues in a later chunk).
 
-On CPU the step runs in groups of whole sequences of about `CPU_GROUP_TOKENS` tokens.
+The step runs in groups of whole sequences of about `CPU_GROUP_TOKENS` tokens.
 
 In the last layer only the rows that pooling reads go on past attention (the last token for
 last-token pooling, the first for CLS, all for mean): the other rows' o_proj, MLP and final norm
@@ -43,8 +43,11 @@ def supports(model) -> bool:
 
 
 def applies(runner, batch: ScheduledBatch) -> bool:
-    """Every sequence of the step pools (nothing samples, nothing decodes)."""
-    return all(s.pooling is not None for s in batch.seqs) and supports(runner.model)
+    """Every sequence of the step pools (nothing samples, nothing decodes), on CPU: on a GPU the
+    paged Triton kernels read the cache without a gather and one launch serves every sequence,
+    where this path makes one SDPA call per sequence (not measured there; kept off)."""
+    return (torch.device(runner.device).type == "cpu" and all(s.pooling is not None for s in batch.seqs)
+            and supports(runner.model))
 
 
 def run(runner, batch: ScheduledBatch) -> None:
@@ -52,9 +55,8 @@ def run(runner, batch: ScheduledBatch) -> None:
     input_ids, inputs, _ = runner.prepare(batch)
     write_kv = runner.config.enable_prefix_caching or any(
         s.num_computed_tokens + n < len(s) for s, n in zip(batch.seqs, batch.num_new_tokens))
-    group_tokens = CPU_GROUP_TOKENS if input_ids.device.type == "cpu" else None
     with torch.no_grad():
-        for seqs, counts, first in _groups(batch, group_tokens):
+        for seqs, counts, first in _groups(batch, CPU_GROUP_TOKENS):
             rows = slice(first, first + sum(counts))
             group_inputs = replace(inputs, positions=inputs.positions[rows], slot_mapping=inputs.slot_mapping[rows])
             spans, keep, row = [], [], 0
@@ -72,12 +74,9 @@ def run(runner, batch: ScheduledBatch) -> None:
                 out += kept
 
 
-def _groups(batch: ScheduledBatch, group_tokens: int | None):
+def _groups(batch: ScheduledBatch, group_tokens: int):
     """(sequences, their new-token counts, first row) of consecutive whole sequences of about
-    `group_tokens` tokens each (a longer chunk alone); the whole batch when None."""
-    if group_tokens is None:
-        yield batch.seqs, batch.num_new_tokens, 0
-        return
+    `group_tokens` tokens each (a longer chunk alone)."""
     seqs, counts, first, row = [], [], 0, 0
     for seq, n in zip(batch.seqs, batch.num_new_tokens):
         if counts and sum(counts) + n > group_tokens:
