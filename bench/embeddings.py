@@ -8,8 +8,8 @@ Workload: a Qwen3-shaped ~25M-parameter embedding model with random float32 weig
 texts whose token lengths are drawn uniformly from [8, 512]. sentence-transformers sorts the corpus
 by length and pads each batch to its longest input; the engine packs whole inputs (and chunks of
 long ones) into steps of up to max_num_batched_tokens tokens with no padding; a step of pooling
-prompts only runs `engine.pooling_forward` (attention on the fresh K/V, no paged gather; the last
-layer past attention only on pooled rows; on CPU, groups of ~1024 tokens). The vectors of
+prompts only runs `engine.pooling_forward` (attention on the fresh K/V, no paged gather; on CPU,
+groups of ~1024 tokens). The vectors of
 both are compared (minimum cosine) so that the speed is for the same result. Wall time and the
 process's CPU time are both reported: on a shared machine the CPU-time ratio is the steadier one.
 """

@@ -7,9 +7,10 @@ something will read it (prefix caching on, or a prompt that continues in a later
 
 The step runs in groups of whole sequences of about `CPU_GROUP_TOKENS` tokens.
 
-In the last layer only the rows that pooling reads go on past attention (the last token for
-last-token pooling, the first for CLS, all for mean): the other rows' o_proj, MLP and final norm
-are skipped, their K/V still serve the kept rows' attention.
+With `PRUNE_LAST_LAYER` (off by default: see there), in the last layer only the rows that pooling
+reads go on past attention (the last token for last-token pooling, the first for CLS, all for
+mean): the other rows' o_proj, MLP and final norm are skipped, their K/V still serve the kept
+rows' attention.
 
 The layers' own modules (projections, norms, rotary, MLP) do the work, in the order of
 `engine.models.llama`; a model without that structure takes the generic path (`supports`)."""
@@ -27,6 +28,12 @@ from engine.scheduler import ScheduledBatch
 # stay in cache (and allocations small enough to be reused) make a group of 1024 tokens ~15 %
 # cheaper per token than one pass over an 8192-token step (measured: bench.embeddings).
 CPU_GROUP_TOKENS = 1024
+
+# Off: the last layer's GEMMs on a handful of pooled rows round differently from the same rows
+# in a full GEMM, so a vector would depend on what it was batched with (the worker's and the
+# offline engine's vectors must be bitwise equal: tests/test_platform_embeddings.py). On, it
+# saves the last layer's o_proj and MLP for the other rows.
+PRUNE_LAST_LAYER = False
 
 _LAYER_PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
 _ATTN_PARTS = ("layer", "qkv_proj", "o_proj", "q_norm", "k_norm", "ops", "num_heads", "num_kv_heads", "head_dim",
@@ -103,14 +110,14 @@ def _forward(model, input_ids, inputs, spans, keep: list[int], write_kv: bool) -
             residual, x = x, layer.input_layernorm(x)
         else:
             x, residual = layer.input_layernorm(x, residual)
-        pruned = i == last and keep_index is not None
+        pruned = PRUNE_LAST_LAYER and i == last and keep_index is not None
         x = _attention(layer.self_attn, x, model.cos_sin, inputs, spans, keep_index if pruned else None, write_kv)
         if pruned:
             residual = residual[keep_index]
         x, residual = layer.post_attention_layernorm(x, residual)
         x = layer.mlp(x)
     x, _ = inner.norm(x, residual)
-    return x
+    return x if PRUNE_LAST_LAYER or keep_index is None else x[keep_index]
 
 
 def _attention(attn, x, cos_sin, inputs, spans, keep_index, write_kv: bool) -> torch.Tensor:
