@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
+from engine import pooling_forward
 from engine.block_manager import cdiv
 from engine.pooling_outputs import PoolingOutput, PoolingRequestOutput
 from engine.pooling_params import PoolingParams
@@ -39,16 +40,29 @@ class PoolingState:
         self._acc: torch.Tensor | None = None  # MEAN: running sum; CLS: the first token's state
         self.vector: torch.Tensor | None = None
 
+    def needed_rows(self, start: int, n: int, total: int) -> slice:
+        """Which rows of the chunk at prompt positions [start, start + n) pooling reads."""
+        if self.method == "MEAN":
+            return slice(0, n)
+        if self.method == "CLS":
+            return slice(0, 1 if start == 0 else 0)
+        return slice(n - 1, n) if start + n == total else slice(n, n)
+
     def absorb(self, hidden: torch.Tensor, start: int, total: int) -> None:
         """Fold in the hidden states of prompt positions [start, start + len(hidden))."""
+        n = hidden.shape[0]
+        self.absorb_rows(hidden[self.needed_rows(start, n, total)], start, n, total)
+
+    def absorb_rows(self, rows: torch.Tensor, start: int, n: int, total: int) -> None:
+        """Fold in `rows`, the `needed_rows` of the chunk at prompt positions [start, start + n)."""
         if self.method == "MEAN":
-            part = hidden.float().sum(0)
+            part = rows.float().sum(0)
             self._acc = part if start == 0 else self._acc + part  # start 0: first pass or recompute
         elif self.method == "CLS" and start == 0:
-            self._acc = hidden[0].float()
-        if start + hidden.shape[0] == total:
+            self._acc = rows[0].float()
+        if start + n == total:
             if self.method == "LAST":
-                pooled = hidden[-1].float()
+                pooled = rows[-1].float()
             elif self.method == "MEAN":
                 pooled = self._acc / total
             else:
@@ -72,6 +86,9 @@ def forward_with_pooling(runner, batch: ScheduledBatch, extra_rows: list[int]):
     """One forward pass for a batch holding pooling sequences: folds their hidden states into
     their states and returns (logits of the generation sequences that sample, hidden states of
     `extra_rows` or None), as `ModelRunner.execute` does for a batch without them."""
+    if not extra_rows and pooling_forward.applies(runner, batch):
+        pooling_forward.run(runner, batch)  # only pooling prompts from position 0: nothing samples
+        return None, None
     input_ids, inputs, _ = runner.prepare(batch)
     with torch.no_grad():
         hidden = runner.model(input_ids, inputs)

@@ -330,3 +330,31 @@ def test_engine_host_runs_pooling_requests_and_fails_generation_on_a_headless_mo
             chat.result(timeout=60)
     finally:
         host.close()
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
+def test_pooling_only_steps_take_the_lean_forward_and_match_the_generic_one(embedding_model, pooling, monkeypatch):
+    """Steps of pooling prompts only run `engine.pooling_forward` (attention on the fresh K/V; the
+    last layer on pooled rows only when asked), chunked or not, with prefix caching on or off; its vectors
+    equal sentence-transformers' and the generic paged forward's."""
+    from engine import pooling_forward
+
+    path = embedding_model("qwen3", pooling)
+    inputs = texts(seed=3)
+    expected = st_encode(path, inputs)
+    calls = []
+    run = pooling_forward.run
+    monkeypatch.setattr(pooling_forward, "run", lambda runner, batch: calls.append(1) or run(runner, batch))
+    for caching, prune in ((False, False), (True, False), (False, True)):
+        monkeypatch.setattr(pooling_forward, "PRUNE_LAST_LAYER", prune)
+        calls.clear()
+        llm = LLM(str(path), max_num_batched_tokens=64, num_kv_blocks=64, enable_prefix_caching=caching)
+        lean = embed(llm, inputs)
+        assert_close(lean, expected)
+        assert len(calls) == llm.llm_engine.stats["steps"] > 3  # every step (chunks of 64 tokens) took it
+        assert_pool_free(llm.llm_engine)
+    monkeypatch.setattr(pooling_forward, "applies", lambda runner, batch: False)
+    calls.clear()
+    generic = embed(LLM(str(path), max_num_batched_tokens=64, num_kv_blocks=64), inputs)
+    assert not calls
+    assert cosines(lean, generic).min() >= 0.99999

@@ -151,17 +151,44 @@ def test_embedding_lines_validate_run_and_land_in_parquet_and_jsonl(tmp_path, ti
         host.close()
     path = tmp_path / "results.parquet"
     pq.write_table(rows_to_table(rows), path)
+    single = [True, False, False, True]  # lines of one input: `embedding`; of several: `embeddings`
+    schema = pq.read_schema(path)
+    assert schema.field("embedding").type == pa.list_(pa.float32())
+    assert schema.field("embeddings").type == pa.list_(pa.list_(pa.float32()))
+
+    def check(one, many):  # one reader's two columns, row by row
+        for got_one, got_many, want, is_single in zip(one, many, expected, single):
+            want = np.asarray(want, dtype=np.float32)
+            if is_single:
+                assert got_many is None
+                np.testing.assert_array_equal(np.asarray(got_one, dtype=np.float32), want[0])
+            else:
+                assert got_one is None
+                np.testing.assert_array_equal(np.stack([np.asarray(v, dtype=np.float32) for v in got_many]), want)
+
     frame = pd.read_parquet(path)
-    for got, want in zip(frame["embedding"], expected):
-        np.testing.assert_array_equal(np.stack(list(got)), np.asarray(want, dtype=np.float32))
+    assert frame["embedding"][0].dtype == np.float32  # pandas: a float32 array per row
+    check([None if v is None else v for v in frame["embedding"]], list(frame["embeddings"]))
     assert frame["prompt_tokens"].tolist()[2:] == [5, 50] and frame["completion_tokens"].tolist() == [0] * 4
-    assert pq.read_schema(path).field("embedding").type == pa.list_(pa.list_(pa.float32()))
     import duckdb
 
-    column = duckdb.sql(f"select embedding, typeof(embedding) from '{path}' order by line").fetchall()
-    assert {kind for _, kind in column} == {"FLOAT[][]"}
-    for (got, _), want in zip(column, expected):
-        np.testing.assert_array_equal(np.asarray(got, dtype=np.float32), np.asarray(want, dtype=np.float32))
+    column = duckdb.sql(f"select embedding, embeddings, typeof(embedding), typeof(embeddings) from '{path}' "
+                        "order by line").fetchall()
+    assert {(a, b) for *_, a, b in column} == {("FLOAT[]", "FLOAT[][]")}
+    check([r[0] for r in column], [r[1] for r in column])
+    dim = len(expected[0][0])
+    sims = duckdb.sql(f"select array_cosine_similarity(embedding::FLOAT[{dim}], embedding::FLOAT[{dim}]) "
+                      f"from '{path}' "
+                      "where embedding is not null").fetchall()  # usable as a fixed-size vector
+    assert [round(s, 5) for (s,) in sims] == [1.0, 1.0]
+    import polars as pl
+
+    frame = pl.read_parquet(path)
+    assert frame.schema["embedding"] == pl.List(pl.Float32)
+    assert frame.schema["embeddings"] == pl.List(pl.List(pl.Float32))
+    check(frame["embedding"].to_list(), frame["embeddings"].to_list())
+    matrix = frame["embedding"].drop_nulls().cast(pl.Array(pl.Float32, dim)).to_numpy()  # a [rows, dim] matrix
+    np.testing.assert_array_equal(matrix, np.asarray([expected[0][0], expected[3][0]], dtype=np.float32))
     table = pq.read_table(path, columns=JSONL_COLUMNS)
     out = [json.loads(x) for x in jsonl_lines(table.to_batches(), "seed", errors=False)]
     assert [o["custom_id"] for o in out] == ["one", "many", "ids", "cut"]
@@ -197,4 +224,38 @@ def test_offline_run_embeds_lines(tmp_path):
     assert [(r["custom_id"], r["status"], r["error_code"]) for r in rows] == [
         ("a", "completed", None), ("b", "failed", "invalid_url")]
     expected = [o.outputs.embedding for o in LLM(str(emb), num_kv_blocks=16).embed(["hi", "yo"], use_tqdm=False)]
-    np.testing.assert_array_equal(np.asarray(rows[0]["embedding"]), np.asarray(expected, dtype=np.float32))
+    assert rows[0]["embedding"] is None  # two inputs: the vectors are in `embeddings`
+    np.testing.assert_array_equal(np.asarray(rows[0]["embeddings"]), np.asarray(expected, dtype=np.float32))
+
+
+def test_merge_reads_parts_written_with_the_old_embedding_column(tmp_path):
+    """A part written before the split (`embedding` list<list<float32>>, no `embeddings`) merges
+    into today's schema: a one-input line's vector in `embedding`, several in `embeddings`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from store.results.parts import ResultsStore
+    from store.results.rows import RESULT_SCHEMA, rows_to_table
+
+    store = ResultsStore(str(tmp_path / "results"))
+    new = rows_to_table([{"line": 3, "status": "completed", "embedding": [0.5, 0.25]}])
+    store.write_part("j", "b", new.to_pylist())
+    old_schema = pa.schema([f for f in RESULT_SCHEMA if f.name != "embeddings"]).set(
+        RESULT_SCHEMA.get_field_index("embedding"), pa.field("embedding", pa.list_(pa.list_(pa.float32()))))
+    old = pa.Table.from_pylist([
+        {"line": 2, "status": "completed", "embedding": [[1.0, 2.0], [3.0, 4.0]]},
+        {"line": 1, "status": "completed", "embedding": [[5.0, 6.0]]},
+        {"line": 0, "status": "failed", "embedding": None},
+    ], schema=old_schema)
+    path = store.part_path("j", "a")
+    store.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    with store.fs.open(path, "wb") as f:
+        pq.write_table(old, f)
+    merged = pq.read_table(store.merge("j"))
+    assert merged.schema == RESULT_SCHEMA
+    assert merged.select(["line", "embedding", "embeddings"]).to_pylist() == [
+        {"line": 0, "embedding": None, "embeddings": None},
+        {"line": 1, "embedding": [5.0, 6.0], "embeddings": None},
+        {"line": 2, "embedding": None, "embeddings": [[1.0, 2.0], [3.0, 4.0]]},
+        {"line": 3, "embedding": [0.5, 0.25], "embeddings": None},
+    ]

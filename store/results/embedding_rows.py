@@ -1,13 +1,27 @@
 """The result row of a finished `/v1/embeddings` line: OpenAI's body in `response_body` and the
-vectors in the `embedding` column (one list<float32> per input, in input order)."""
+vectors in Parquet columns that readers take as vectors:
+
+- `embedding` (list<float32>): the vector of a line with one input (the common case; pandas
+  reads an array per row, DuckDB `FLOAT[]`, polars `List(Float32)`), null for other lines;
+- `embeddings` (list<list<float32>>): every vector of a line with several inputs, in input order.
+
+A line has its vectors in exactly one of the two. Not a fixed-size list: parts written by
+different workers (and jobs mixing models) must share one schema, whatever the dimension.
+`upgrade_embedding_columns` reads a part written before the split (one list<list> column)."""
 
 from __future__ import annotations
 
 import json
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from batchfile.embeddings import response_of, usage_tokens
 from batchfile.request import ParsedRequest
 from store.results.rows import COMPLETED, RESULT_SCHEMA, _times
+
+VECTOR = pa.list_(pa.float32())
+VECTORS = pa.list_(VECTOR)
 
 
 def embedding_row(request: ParsedRequest, output, *, shard_id: str | None = None, tokenizer=None,
@@ -24,8 +38,28 @@ def embedding_row(request: ParsedRequest, output, *, shard_id: str | None = None
         prompt_tokens=usage_tokens(request),
         completion_tokens=0,
         response_body=json.dumps(response_of(request, vectors)),
-        embedding=vectors,
         shard_id=None if shard_id is None else str(shard_id),
         **_times(created_at, started_at, finished_at),
     )
+    if len(vectors) == 1:
+        row["embedding"] = vectors[0]
+    else:
+        row["embeddings"] = vectors
     return row
+
+
+def upgrade_embedding_columns(table: pa.Table) -> pa.Table:
+    """A table whose `embedding` column is the old list<list<float32>> (one vector per input),
+    split into `embedding` (lines of one input) and `embeddings` (the others); others unchanged."""
+    if "embedding" not in table.column_names or table.schema.field("embedding").type != VECTORS:
+        return table
+    old = table.column("embedding")
+    single = pc.equal(pc.list_value_length(old), 1)
+    first = pc.list_element(old, 0) if len(old) else pa.chunked_array([], VECTOR)
+    null_vector, null_vectors = pa.scalar(None, VECTOR), pa.scalar(None, VECTORS)
+    embedding = pc.if_else(single, first, null_vector).cast(VECTOR)
+    embeddings = pc.if_else(single, null_vectors, old).cast(VECTORS)
+    table = table.set_column(table.column_names.index("embedding"), "embedding", embedding)
+    if "embeddings" in table.column_names:
+        return table.set_column(table.column_names.index("embeddings"), "embeddings", embeddings)
+    return table.append_column("embeddings", embeddings)

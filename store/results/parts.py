@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from store.results.embedding_rows import upgrade_embedding_columns
 from store.results.jsonl import JSONL_COLUMNS, jsonl_lines
 from store.results.parquet import COUNT_COLUMNS, ResultCounts, count_batches, read_batches, write_table
 from store.results.part_writer import PartWriter
@@ -77,9 +78,17 @@ class ResultsStore:
         return sorted(f"{parts_dir}/{n}" for n in names if n.endswith(".parquet") and not n.startswith("."))
 
     def read_part(self, path: str) -> pa.Table:
-        """A part sorted by line (a streamed part holds its rows in the order they finished)."""
+        """A part sorted by line (a streamed part holds its rows in the order they finished); one
+        written before `embeddings` existed is read into today's schema."""
         with self.fs.open(path, "rb") as f:
-            return pq.read_table(f, schema=RESULT_SCHEMA).sort_by("line")
+            table = pq.read_table(f)
+        if table.schema != RESULT_SCHEMA:
+            table = upgrade_embedding_columns(table)
+            for name in RESULT_SCHEMA.names:
+                if name not in table.column_names:
+                    table = table.append_column(name, pa.nulls(table.num_rows, RESULT_SCHEMA.field(name).type))
+            table = table.select(RESULT_SCHEMA.names).cast(RESULT_SCHEMA)
+        return table.sort_by("line")
 
     def _part_batches(self, parts: list[str], columns) -> Iterator[pa.RecordBatch]:
         for part in parts:  # one part in memory at a time

@@ -24,7 +24,8 @@ created_at         timestamp[us, UTC]   when the request was accepted (job creat
 started_at         timestamp[us, UTC]   when it entered the engine
 finished_at        timestamp[us, UTC]   when it finished (or failed)
 latency_ms         float64              finished_at - started_at in milliseconds
-embedding          list<list<float32>>  /v1/embeddings lines: one vector per input, in input order
+embedding          list<float32>        /v1/embeddings lines of one input: its vector
+embeddings         list<list<float32>>  /v1/embeddings lines of several inputs: one vector per input, in order
 =================  ===================  ========================================================
 """
 
@@ -68,7 +69,8 @@ RESULT_SCHEMA = pa.schema([
     pa.field("started_at", _TS),
     pa.field("finished_at", _TS),
     pa.field("latency_ms", pa.float64()),
-    pa.field("embedding", pa.list_(pa.list_(pa.float32()))),
+    pa.field("embedding", pa.list_(pa.float32())),
+    pa.field("embeddings", pa.list_(pa.list_(pa.float32()))),
 ])  # fmt: skip
 
 
