@@ -29,7 +29,7 @@ from engine.pooling import (
 from engine.pooling_runner import resolve_runner
 from engine.prompt_logprobs import plan as plan_prompt_logprobs
 from engine.prompt_logprobs import record as record_prompt_logprobs
-from engine.request_checks import check_against_model
+from engine.request_checks import check_against_model, truncate_prompt
 from engine.sampler import SampleLogprobs, Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -131,11 +131,7 @@ class LLMEngine:
         if params.extra_args and "kv_transfer_params" in params.extra_args:
             self.kv.check_params(params)
         text, ids = self.tokenize(prompt)
-        keep = params.truncate_prompt_tokens
-        if keep is not None:
-            if keep > self.max_model_len:
-                raise ValueError(f"truncate_prompt_tokens={keep} exceeds the model's context of {self.max_model_len}")
-            ids = ids[-(self.max_model_len if keep == -1 else keep) :]
+        ids = truncate_prompt(ids, params.truncate_prompt_tokens, self.max_model_len)
         self.check_request(ids, params)
         return text, ids
 

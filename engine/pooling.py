@@ -22,6 +22,7 @@ from engine import pooling_forward
 from engine.block_manager import cdiv
 from engine.pooling_outputs import PoolingOutput, PoolingRequestOutput
 from engine.pooling_params import PoolingParams
+from engine.request_checks import truncate_prompt
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch
 from engine.sentence_transformers_config import PoolerConfig
@@ -134,11 +135,7 @@ def prepare_pooling(engine, prompt, params: PoolingParams) -> tuple[str | None, 
     if isinstance(prompt, str) and config is not None and config.default_prompt:
         prompt = config.default_prompt + prompt
     text, ids = engine.tokenize(prompt)
-    keep = params.truncate_prompt_tokens
-    if keep is not None:
-        if keep > engine.max_model_len:
-            raise ValueError(f"truncate_prompt_tokens={keep} exceeds the model's context of {engine.max_model_len}")
-        ids = ids[-(engine.max_model_len if keep == -1 else keep) :]
+    ids = truncate_prompt(ids, params.truncate_prompt_tokens, engine.max_model_len)
     check_pooling_request(engine, ids, params, config)
     return text, ids
 

@@ -21,3 +21,12 @@ def check_against_model(params: SamplingParams, vocab_size: int, max_logprobs: i
                 f"{name}={getattr(params, name)} asks for {wanted} logprobs per token but at most {limit} "
                 "are allowed; raise the engine's max_logprobs (-1: the whole vocabulary)"
             )
+
+
+def truncate_prompt(ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
+    """The prompt's last `keep` tokens (vLLM's truncate_prompt_tokens; -1: the context length)."""
+    if keep is None:
+        return ids
+    if keep > max_model_len:
+        raise ValueError(f"truncate_prompt_tokens={keep} exceeds the model's context of {max_model_len}")
+    return ids[-(max_model_len if keep == -1 else keep) :]
