@@ -15,7 +15,7 @@ from store.finalize import maybe_finalize
 from store.jobs import get_job
 from store.results.part_writer import ROW_GROUP_ROWS
 from store.results.parts import results_store
-from tests.helpers import MODEL, chat_line, jsonl, validated
+from tests.helpers import chat_line, jsonl, validated
 from tests.rss import current_rss
 from tests.test_platform_shards import FakeWatcher
 from workers import shard_runner
@@ -67,12 +67,16 @@ class LargeOutputHost:
         return 0
 
 
+STREAM_MODEL = "tiny-streamed"  # a model no worker serves: no sweeper re-sends these shards to a live worker
+
+
 def _one_shard_job(platform):
-    app = platform.app(queue_prefix="pbtest-noworker-stream", shard_size=LINES)
+    app = platform.app(queue_prefix="pbtest-noworker-stream", shard_size=LINES,
+                       models={STREAM_MODEL: platform.model_path})
     client = app.test_client()
     r = client.post(
-        f"/v1/jobs?model={MODEL}",
-        data=jsonl([chat_line(f"r{i}", "hi") for i in range(LINES)]),
+        f"/v1/jobs?model={STREAM_MODEL}",
+        data=jsonl([chat_line(f"r{i}", "hi", model=STREAM_MODEL) for i in range(LINES)]),
         content_type="application/x-ndjson",
     )
     assert r.status_code == 201
@@ -88,14 +92,15 @@ def test_a_shard_of_large_outputs_is_written_as_it_runs(platform, monkeypatch):
     try:
         tracemalloc.reset_peak()
         outcome = shard_runner.run_shard(settings, LargeOutputHost(), FakeWatcher(), f"{job['id']}.00000")
-        _, peak = tracemalloc.get_traced_memory()
+        retained, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert outcome == "done"
     maybe_finalize(settings, job["id"])
     total = LINES * OUTPUT_CHARS
-    # measured: 10 MB traced for 51 MB of outputs with 32-row groups; 108 MB with every row held to the end
-    assert peak < total / 3, (peak, total)
+    # measured: 10 MB traced for 51 MB of outputs with 32-row groups; 108 MB with every row held to the end.
+    # What stays allocated afterwards (first-time imports and caches when this test runs first) is not rows.
+    assert peak - retained < total / 3, (peak, retained, total)
     final = get_job(settings, "default", job["id"])
     assert final.status == "completed" and final.request_completed == LINES
     lines = [json.loads(line) for line in results_store(settings).iter_output_jsonl(job["id"])]
