@@ -114,12 +114,12 @@ def kill(proc) -> None:
 
 def test_expiry_keeps_finished_results_and_reports_the_rest_expired(served):
     h = served
-    ids = [f"e{i}" for i in range(40)]
+    ids = [f"e{i}" for i in range(160)]  # enough shards that some still wait when the first is done
     job = h.submit([long_line(cid, max_tokens=64) for cid in ids])
     deadline = time.monotonic() + 60
     while not any(s.status == "done" for s in h.shards(job["id"])):
         assert time.monotonic() < deadline
-        time.sleep(0.1)
+        time.sleep(0.02)
     with session_scope(h.settings.database_url) as s:  # its completion window ends now
         s.execute(update(Job).where(Job.id == job["id"]).values(expires_at=utcnow()))
     done = h.wait(job["id"], timeout=60)
