@@ -36,7 +36,7 @@ CPU_GROUP_TOKENS = 1024
 PRUNE_LAST_LAYER = False
 
 _LAYER_PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
-_ATTN_PARTS = ("layer", "qkv_proj", "o_proj", "q_norm", "k_norm", "ops", "num_heads", "num_kv_heads", "head_dim",
+_ATTN_PARTS = ("layer", "project_qkv", "o_proj", "ops", "num_heads", "num_kv_heads", "head_dim", "q_size",
                "scale")
 
 
@@ -122,14 +122,7 @@ def _forward(model, input_ids, inputs, spans, keep: list[int], write_kv: bool) -
 
 def _attention(attn, x, cos_sin, inputs, spans, keep_index, write_kv: bool) -> torch.Tensor:
     tokens = x.shape[0]
-    q_size, kv_size = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
-    q, k, v = attn.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
-    q = q.reshape(tokens, attn.num_heads, attn.head_dim)
-    k = k.reshape(tokens, attn.num_kv_heads, attn.head_dim)
-    v = v.reshape(tokens, attn.num_kv_heads, attn.head_dim)
-    if attn.q_norm is not None:
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    q, k = attn.ops.apply_rotary(q, k, inputs.positions, cos_sin)
+    q, k, v = attn.project_qkv(x, inputs.positions, cos_sin)
     if write_kv:
         k_cache, v_cache = inputs.kv_caches[attn.layer]
         attn.ops.write_kv_cache(k, v, k_cache, v_cache, inputs.slot_mapping)
@@ -158,7 +151,7 @@ def _attention(attn, x, cos_sin, inputs, spans, keep_index, write_kv: bool) -> t
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=attn.scale, enable_gqa=gqa)
         out[done : done + b - a] = o[0].transpose(0, 1)
         done += b - a
-    return attn.o_proj(out.reshape(rows, q_size))
+    return attn.o_proj(out.reshape(rows, attn.q_size))
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,8 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x: torch.Tensor, cos_sin: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+    def project_qkv(self, x: torch.Tensor, positions, cos_sin: torch.Tensor):
+        """Queries, keys and values of `x` ([tokens, heads, head_dim]), normed and rotated."""
         tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(tokens, self.num_heads, self.head_dim)
@@ -77,7 +78,12 @@ class Attention(nn.Module):
         v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.ops.apply_rotary(q, k, inputs.positions, cos_sin)
+        q, k = self.ops.apply_rotary(q, k, positions, cos_sin)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, cos_sin: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+        tokens = x.shape[0]
+        q, k, v = self.project_qkv(x, inputs.positions, cos_sin)
         k_cache, v_cache = inputs.kv_caches[self.layer]
         self.ops.write_kv_cache(k, v, k_cache, v_cache, inputs.slot_mapping)
         out = self.ops.paged_attention(
