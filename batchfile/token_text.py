@@ -63,12 +63,10 @@ def hf_tokenizer(tokenizer):
     return tokenizer if hasattr(tokenizer, "convert_ids_to_tokens") else tokenizer.tokenizer
 
 
-_hf = hf_tokenizer
-
 
 def token_bytes(tokenizer, token_id: int) -> bytes:
     """The token's real bytes (a special token's are its text's)."""
-    tokenizer = _hf(tokenizer)
+    tokenizer = hf_tokenizer(tokenizer)
     if token_id in _special_ids(tokenizer):
         return tokenizer.decode([token_id], skip_special_tokens=False).encode()
     piece = tokenizer.convert_ids_to_tokens(token_id)
@@ -100,7 +98,7 @@ def text_pieces(tokenizer, token_ids: list[int], text: str, *, skip_special_toke
     Decoded incrementally like the engine's detokenizer (a few tokens of context, a character held
     back until its last byte arrives); cut to `text` where a stop string ended it early.
     """
-    tokenizer = _hf(tokenizer)
+    tokenizer = hf_tokenizer(tokenizer)
     pieces: list[str] = []
     prefix, read = 0, 0
     for i in range(len(token_ids)):
