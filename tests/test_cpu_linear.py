@@ -1,0 +1,65 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.cpu_linear import PackedLinear, can_pack, pack_linears
+
+
+def test_the_pinned_torch_can_pack_on_cpu():
+    assert can_pack(torch.device("cpu"), torch.float32) and can_pack(torch.device("cpu"), torch.bfloat16)
+    assert not can_pack(torch.device("cpu"), torch.float16)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 64, 257])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_equals_linear_in_float32(rows, bias):
+    torch.manual_seed(rows)
+    linear = nn.Linear(96, 160, bias=bias)
+    x = torch.randn(rows, 96)
+    expected = F.linear(x.double(), linear.weight.double(), None if linear.bias is None else linear.bias.double())
+    got = PackedLinear(linear)(x)
+    assert got.dtype == torch.float32 and got.shape == (rows, 160)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_packed_linear_takes_any_leading_shape_and_strides():
+    linear = nn.Linear(32, 48)
+    packed = PackedLinear(linear)
+    x = torch.randn(4, 10, 64)[..., ::2]  # non-contiguous, three dimensions
+    torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
+
+
+def test_packed_linear_in_bfloat16_matches_torch_exactly():
+    linear = nn.Linear(64, 96, bias=False).to(torch.bfloat16)
+    x = torch.randn(17, 64, dtype=torch.bfloat16)
+    assert torch.equal(PackedLinear(linear)(x), linear(x))
+
+
+def test_packed_rows_do_not_depend_on_their_batch():
+    packed = PackedLinear(nn.Linear(128, 256, bias=False))
+    x = torch.randn(200, 128)
+    whole = packed(x)
+    for count in (1, 7, 48):
+        assert torch.equal(packed(x[:count]), whole[:count])
+
+
+def test_pack_linears_replaces_every_linear_and_keeps_a_tied_weight():
+    embed = nn.Embedding(50, 16)
+    model = nn.ModuleDict({"embed": embed, "a": nn.Linear(16, 16), "head": nn.Linear(16, 50, bias=False)})
+    model["head"].weight = embed.weight
+    x = torch.randn(5, 16)
+    before = model["head"](model["a"](x))
+    assert pack_linears(model) == 2
+    assert isinstance(model["a"], PackedLinear) and isinstance(model["head"], PackedLinear)
+    assert model["embed"].weight is embed.weight
+    torch.testing.assert_close(model["head"](model["a"](x)), before, rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_runner_packs_its_linears(tiny_model):
+    from engine import LLM
+
+    llm = LLM(str(tiny_model("llama")), device="cpu")
+    model = llm.llm_engine.runner.model
+    assert not any(type(m) is nn.Linear for m in model.modules())
+    assert isinstance(model.lm_head, PackedLinear)
