@@ -1,7 +1,8 @@
 """The one place where the engine chooses between plain-torch and Triton kernels.
 
 Every model layer calls the functions of an `Ops` object; `select_ops(backend, device)`
-returns the torch reference set (runs anywhere) or the Triton set (CUDA, or CPU through
+returns the torch reference set (runs anywhere), the same compiled by inductor with a paged decode
+attention that reads the pool in place (the CPU engine's), or the Triton set (CUDA, or CPU through
 TRITON_INTERPRET=1). Both take the arguments of `kernels.reference`; what a set can do
 beyond that, the engine learns from its capability flags, never from its name.
 """
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import reference
+from kernels import compiled, cpu_attention, reference
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,19 @@ TORCH_OPS = Ops(
 )
 
 
+CPU_OPS = Ops(
+    name="torch-compiled",
+    attention_hints=False,
+    graph_capturable=False,
+    write_kv_cache=reference.write_kv_cache,
+    paged_attention=cpu_attention.paged_attention,
+    rms_norm=compiled.rms_norm,
+    fused_add_rms_norm=compiled.fused_add_rms_norm,
+    apply_rotary=compiled.apply_rotary,
+    silu_and_mul=compiled.silu_and_mul,
+)
+
+
 def triton_ops() -> Ops:
     from kernels import triton_ops as t  # imported lazily: triton is optional on CPU
 
@@ -62,11 +76,13 @@ def triton_ops() -> Ops:
 
 
 def select_ops(backend: str, device: torch.device) -> Ops:
-    """backend: "torch", "triton" or "auto" (Triton on CUDA, torch elsewhere)."""
+    """backend: "torch", "triton", "compiled" or "auto" (Triton on CUDA, compiled on the CPU)."""
     if backend == "auto":
-        backend = "triton" if device.type == "cuda" else "torch"
+        backend = "triton" if device.type == "cuda" else "compiled"
     if backend == "torch":
         return TORCH_OPS
+    if backend == "compiled":
+        return CPU_OPS
     if backend == "triton":
         return triton_ops()
-    raise ValueError(f"unknown attention backend {backend!r}; expected 'auto', 'torch' or 'triton'")
+    raise ValueError(f"unknown attention backend {backend!r}; expected 'auto', 'torch', 'compiled' or 'triton'")

@@ -75,18 +75,25 @@ def _causal_mask(q_len, length, dtype, device):
 
 
 def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
-    """Causal attention of each sequence's new tokens over its whole paged context.
+    """Causal attention of each sequence's new tokens over its whole paged context."""
+    out = torch.empty_like(query)
+    starts = query_start_loc.tolist()
+    lengths = seq_lens.tolist()
+    decodes = [i for i in range(len(lengths)) if starts[i + 1] - starts[i] == 1]
+    if decodes:
+        _decode_attention(query, k_cache, v_cache, block_tables, lengths, starts, decodes, scale, out)
+    prefill_attention(query, k_cache, v_cache, block_tables, lengths, starts, scale, out)
+    return out
+
+
+def prefill_attention(query, k_cache, v_cache, block_tables, lengths, starts, scale, out):
+    """Into `out`: the attention of every sequence with more than one new token (host-side
+    `lengths` and `starts` as the lists of seq_lens and query_start_loc).
 
     Masks are additive float tensors on 4-D inputs: that is what keeps PyTorch's CPU SDPA on
     its flash kernel (a boolean mask, or 3-D inputs with a mask, fall back to the math kernel,
     which materialises every score and is several times slower on long contexts)."""
-    out = torch.empty_like(query)
-    starts = query_start_loc.tolist()
-    lengths = seq_lens.tolist()
     gqa = query.shape[1] != k_cache.shape[2]
-    decodes = [i for i in range(len(lengths)) if starts[i + 1] - starts[i] == 1]
-    if decodes:
-        _decode_attention(query, k_cache, v_cache, block_tables, lengths, starts, decodes, scale, out)
     for i, length in enumerate(lengths):
         q_len = starts[i + 1] - starts[i]
         if q_len <= 1:
@@ -100,7 +107,6 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start
             mask = _causal_mask(q_len, length, q.dtype, q.device)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None], scale=scale, enable_gqa=gqa)
         out[starts[i] : starts[i + 1]] = o[0].transpose(0, 1)
-    return out
 
 
 def _additive(keep, dtype):

@@ -1,0 +1,56 @@
+"""Plain-torch kernels compiled by inductor for the CPU engine: each is compiled on first use for
+dynamic shapes (one compilation per process, dtype and rank; inductor caches the generated code on
+disk across processes) and falls back to running eagerly, with a warning, where compilation fails
+(no C++ compiler, say). The eager function is the contract: compiled, it fuses the loops and skips
+the per-op overhead, which on a small model's step costs more than the arithmetic."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import torch
+
+from kernels import reference
+
+log = logging.getLogger(__name__)
+RECOMPILE_LIMIT = 64  # dtypes x ranks x head shapes, across the models one process may load
+_setup_lock = threading.Lock()
+
+
+def _configure_dynamo() -> None:
+    with _setup_lock:
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        # Sizes that happen to be equal in the first call (a batch of two, two KV heads) must not
+        # be assumed equal for good: that would compile again at the next size.
+        torch.fx.experimental._config.use_duck_shape = False
+
+
+class Compiled:
+    """`fn`, compiled on first call; `fallback` (`fn` itself by default) from then on if compiling
+    it failed."""
+
+    def __init__(self, fn, fallback=None):
+        self.fn = fn
+        self.fallback = fallback or fn
+        self.compiled = None
+        self.failed = False
+
+    def __call__(self, *args):
+        if self.failed:
+            return self.fallback(*args)
+        if self.compiled is None:
+            _configure_dynamo()
+            self.compiled = torch.compile(self.fn, dynamic=True, fullgraph=True)
+        try:
+            return self.compiled(*args)
+        except Exception as exc:  # noqa: BLE001 - whatever the compiler raised, the eager kernel works
+            log.warning("compiling %s failed, running it eagerly: %s", self.fn.__name__, exc)
+            self.failed = True
+            return self.fallback(*args)
+
+
+rms_norm = Compiled(reference.rms_norm)
+fused_add_rms_norm = Compiled(reference.fused_add_rms_norm)
+apply_rotary = Compiled(reference.apply_rotary)
+silu_and_mul = Compiled(reference.silu_and_mul)
