@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
-from engine.beam_search import BeamSearchOutput, BeamSearchParams, run_beam_search
+from engine.beam_runner import run_beam_search
+from engine.beam_search import BeamSearchOutput, BeamSearchParams
 from engine.chat_prompt import render_conversation
 from engine.llm_args import engine_kwargs
 from engine.llm_engine import LLMEngine, Prompt
