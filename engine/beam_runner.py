@@ -53,6 +53,7 @@ class BeamSearchRun:
         self.engine = engine
         self.params = params
         self.step_params = SamplingParams(logprobs=2 * params.beam_width, max_tokens=1, temperature=params.temperature)
+        self.step_params.validate()
         self.prompts = [self._check(i, ids) for i, ids in enumerate(token_prompts)]
         self.pending = deque(self.prompts)
         self.running: list[_Prompt] = []

@@ -165,6 +165,23 @@ def test_a_tight_token_budget_parks_beams_until_their_prompt_is_ready(tiny_model
     assert_free(llm)
 
 
+def test_beam_search_without_prefix_caching_and_with_sampling(tiny_model):
+    """Forks share blocks by reference count alone: no prefix cache needed. With a temperature the
+    sampled token joins each beam's candidates (vLLM's rule); the run still ends clean."""
+    path = tiny_model("qwen3")
+    llm = LLM(str(path), device="cpu", dtype="float32", block_size=4, num_kv_blocks=128, enable_prefix_caching=False)
+    outs, computed = search(llm, PROMPTS[:3], BeamSearchParams(beam_width=2, max_tokens=STEPS, ignore_eos=True))
+    for prompt_ids, out in zip(PROMPTS, outs):
+        assert [s.tokens for s in out.sequences] == hf_beams(path, prompt_ids, 2)
+    assert computed == sum(map(len, PROMPTS[:3])) + 3 * 2 * (STEPS - 1)
+    (out,) = llm.beam_search({"prompt_token_ids": PROMPTS[0]}, BeamSearchParams(3, STEPS, temperature=1.0))
+    assert len(out.sequences) == 3 and len({tuple(s.tokens) for s in out.sequences}) == 3
+    for beam in out.sequences:
+        outputs = beam.tokens[len(PROMPTS[0]):]
+        assert beam.cum_logprob == pytest.approx(sum(e[t].logprob for e, t in zip(beam.logprobs, outputs)))
+    assert_free(llm)
+
+
 def test_beam_search_params_are_checked(tiny_model):
     with pytest.raises(ValueError, match="beam_width"):
         BeamSearchParams(beam_width=0, max_tokens=4)
@@ -177,6 +194,8 @@ def test_beam_search_params_are_checked(tiny_model):
         llm.beam_search(prompt, BeamSearchParams(beam_width=5, max_tokens=4))
     with pytest.raises(ValueError, match="prompt 1: .*exceed the model's context of 32"):
         llm.beam_search([prompt, {"prompt_token_ids": [5] * 20}], BeamSearchParams(beam_width=2, max_tokens=13))
+    with pytest.raises(ValueError, match="temperature"):
+        llm.beam_search(prompt, BeamSearchParams(beam_width=2, max_tokens=4, temperature=-1.0))
     assert_free(llm)
 
 
