@@ -116,6 +116,7 @@ class BeamSearchRun:
             prompt.live = [(BeamSearchSequence(list(prompt.token_ids)), seq)]
             self.running.append(prompt)
             engine.scheduler.add(seq)
+            engine.stats["prompt_tokens"] += len(prompt.token_ids)
 
     def _receive(self, seq: Sequence, entry: dict[int, Logprob]) -> None:
         self.entries[seq.seq_id] = entry
@@ -141,6 +142,7 @@ class BeamSearchRun:
         chosen, finished = next_beams([b for b, _ in prompt.live], entries, engine.eos_token_id, params)
         prompt.finished += finished
         prompt.steps += 1
+        engine.stats["generation_tokens"] += len(seqs)  # a next token for each beam, as the metrics count
         if prompt.steps == params.max_tokens or not chosen:
             for seq in seqs:
                 self._free(seq)
@@ -151,19 +153,24 @@ class BeamSearchRun:
         for i, seq in enumerate(seqs):
             if i not in extended:
                 self._free(seq)  # before any fork, so that its blocks can serve the copies
-        live, copies, taken = [], [], set()
-        for i, beam in chosen:
-            parent = seqs[i]
-            if i in taken:
-                seq = parent.fork(next(engine._seq_ids))
-                pair = engine.block_manager.fork(parent, seq)
-                if pair is not None:
-                    copies.append(pair)
-            else:
-                taken.add(i)
-                seq = parent
-            live.append((beam, seq))
-        engine.runner.copy_blocks(copies)
+        live, forks, copies = [], [], []
+        try:
+            for i, beam in chosen:
+                parent = seqs[i]
+                if any(seq is parent for _, seq in live):
+                    seq = parent.fork(next(engine._seq_ids))
+                    forks.append(seq)
+                    pair = engine.block_manager.fork(parent, seq)
+                    if pair is not None:
+                        copies.append(pair)
+                else:
+                    seq = parent
+                live.append((beam, seq))
+            engine.runner.copy_blocks(copies)
+        except BaseException:
+            for seq in forks:  # the parents are still the prompt's, freed by run()
+                self._free(seq)
+            raise
         for beam, seq in live:  # only now: a fork copies its parent's tokens
             seq.append_token(beam.tokens[-1])
             engine.scheduler.running.append(seq)

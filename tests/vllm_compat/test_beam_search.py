@@ -19,6 +19,7 @@ from engine import LLM, BeamSearchParams, SamplingParams
 from engine.beam_runner import worst_case_blocks
 from engine.beam_search import BeamSearchSequence, best_sequences, next_beams
 from engine.outputs import Logprob
+from engine.scheduler import ScheduledBatch
 from engine.tiny import ARCHITECTURES
 
 # block_size 4: lengths mid-block (7, 5, 10) and on a boundary (8, 12); decoding crosses boundaries too
@@ -86,7 +87,41 @@ def test_beam_search_with_the_default_block_size(tiny_model):
     for p, out in zip(prompts, outs):
         assert [s.tokens for s in out.sequences] == hf_beams(path, p, 3, 14)
     assert computed == 37 + 2 * 3 * 13
+    metrics = {m.name: m.value for m in llm.get_metrics()}
+    assert metrics["vllm:prompt_tokens"] == 37  # each prompt once
+    assert metrics["vllm:generation_tokens"] == 2 * (1 + 3 * 13)  # a next token per beam and step
     assert_free(llm)
+
+
+def test_a_failed_search_gives_every_block_back(tiny_model, monkeypatch):
+    """An error mid-search (here: the device copy) or a pool where nothing can be scheduled ends the
+    search with the error, every beam out of the engine and its blocks free; the engine goes on."""
+    path = tiny_model("qwen2")
+    llm = LLM(str(path), device="cpu", dtype="float32", block_size=4, num_kv_blocks=128)
+    runner, calls = llm.llm_engine.runner, []
+    copy_blocks = runner.copy_blocks
+
+    def failing(pairs):
+        calls.append(pairs)
+        if len(calls) == 3:
+            raise RuntimeError("device copy failed")
+        copy_blocks(pairs)
+
+    monkeypatch.setattr(runner, "copy_blocks", failing)
+    params = BeamSearchParams(beam_width=3, max_tokens=STEPS, ignore_eos=True)
+    with pytest.raises(RuntimeError, match="device copy failed"):
+        search(llm, PROMPTS, params)
+    assert_free(llm)
+    monkeypatch.setattr(runner, "copy_blocks", copy_blocks)
+
+    scheduler = llm.llm_engine.scheduler
+    monkeypatch.setattr(scheduler, "schedule", lambda: ScheduledBatch([], []))
+    with pytest.raises(RuntimeError, match="nothing could be scheduled"):
+        search(llm, PROMPTS, params)
+    assert_free(llm)
+    monkeypatch.undo()
+    outs, _ = search(llm, PROMPTS[:2], params)
+    assert [s.tokens for s in outs[1].sequences] == hf_beams(path, PROMPTS[1], 3)
 
 
 def test_copy_blocks_copies_every_layer_and_nothing_else(tiny_model):
