@@ -1,15 +1,13 @@
-"""`LLM.beam_search`, as vLLM's: each step extends every live beam by one token through the
-ordinary engine (2 * beam_width logprobs per beam), keeps the best `beam_width` candidates per
-prompt by cumulative logprob / length ** length_penalty, and sets finished (EOS) beams aside.
-Beams share their prompt's full KV blocks through the prefix cache; the last partial block is
-recomputed for each beam (as in vLLM's offline beam search; no copy-on-write)."""
+"""`LLM.beam_search`'s meaning, as vLLM's: each step extends every live beam by one token
+(2 * beam_width logprobs per beam), keeps the best `beam_width` candidates per prompt by
+cumulative logprob / length ** length_penalty, and sets finished (EOS) beams aside. This module
+is the arithmetic; `engine.beam_runner` runs the beams as live sequences in the engine."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from engine.outputs import Logprob
-from engine.sampling_params import SamplingParams
 
 
 @dataclass
@@ -51,38 +49,35 @@ def beam_search_score(tokens: list[int], cum_logprob: float, eos_token_id: int |
     return cum_logprob / (max(length, 1) ** length_penalty)
 
 
-def run_beam_search(llm, token_prompts: list[list[int]], params: BeamSearchParams) -> list[BeamSearchOutput]:
-    eos = llm.llm_engine.eos_token_id
-    step_params = SamplingParams(logprobs=2 * params.beam_width, max_tokens=1, temperature=params.temperature)
+def next_beams(beams: list[BeamSearchSequence], entries: list[dict[int, Logprob]], eos_token_id: int | None,
+               params: BeamSearchParams) -> tuple[list[tuple[int, BeamSearchSequence]], list[BeamSearchSequence]]:
+    """One step of vLLM's beam search: each beam extended by every token of its logprob entry;
+    those ended by EOS (unless ignore_eos) are set aside as finished, the best `beam_width`
+    others kept. Returns ([(index of the beam it extends, new beam)], best first; finished)."""
+    candidates, finished = [], []
+    for i, (beam, entry) in enumerate(zip(beams, entries)):
+        for token, lp in entry.items():
+            new = BeamSearchSequence(beam.tokens + [token], beam.logprobs + [entry], beam.cum_logprob + lp.logprob)
+            if token == eos_token_id and not params.ignore_eos:
+                new.finish_reason = "stop"
+                finished.append(new)
+            else:
+                candidates.append((i, new))
+    candidates.sort(key=lambda c: score(c[1], eos_token_id, params), reverse=True)  # stable: ties keep order
+    return candidates[: params.beam_width], finished
 
-    def score(beam: BeamSearchSequence) -> float:
-        return beam_search_score(beam.tokens, beam.cum_logprob, eos, params.length_penalty)
 
-    live = [[BeamSearchSequence(list(ids))] for ids in token_prompts]
-    done: list[list[BeamSearchSequence]] = [[] for _ in token_prompts]
-    for _ in range(params.max_tokens):
-        flat = [(i, beam) for i, beams in enumerate(live) for beam in beams]
-        if not flat:
-            break
-        outs = llm.generate([{"prompt_token_ids": b.tokens} for _, b in flat], step_params, use_tqdm=False)
-        candidates: list[list[BeamSearchSequence]] = [[] for _ in token_prompts]
-        for (i, beam), out in zip(flat, outs):
-            entry = out.outputs[0].logprobs[0]
-            for token, lp in entry.items():
-                new = BeamSearchSequence(beam.tokens + [token], beam.logprobs + [entry], beam.cum_logprob + lp.logprob)
-                if token == eos and not params.ignore_eos:
-                    new.finish_reason = "stop"
-                    done[i].append(new)
-                else:
-                    candidates[i].append(new)
-        live = [sorted(c, key=score, reverse=True)[: params.beam_width] for c in candidates]
-    tokenizer = llm.get_tokenizer()
-    outputs = []
-    for beams, finished in zip(live, done):
-        for beam in beams:
-            beam.finish_reason = "length"
-        best = sorted(finished + beams, key=score, reverse=True)[: params.beam_width]
-        for beam in best:
-            beam.text = tokenizer.decode(beam.tokens)
-        outputs.append(BeamSearchOutput(best))
-    return outputs
+def score(beam: BeamSearchSequence, eos_token_id: int | None, params: BeamSearchParams) -> float:
+    return beam_search_score(beam.tokens, beam.cum_logprob, eos_token_id, params.length_penalty)
+
+
+def best_sequences(live: list[BeamSearchSequence], finished: list[BeamSearchSequence], eos_token_id: int | None,
+                   params: BeamSearchParams, tokenizer) -> BeamSearchOutput:
+    """A prompt's output: the best `beam_width` of its finished and still live beams."""
+    for beam in live:
+        beam.finish_reason = "length"
+    best = sorted(finished + live, key=lambda b: score(b, eos_token_id, params), reverse=True)[: params.beam_width]
+    for beam in best:
+        beam.text = tokenizer.decode(beam.tokens)
+    return BeamSearchOutput(best)
+

@@ -101,15 +101,41 @@ class BlockManager:
         if need > len(self.free):
             return False
         for _ in range(need):
-            block, _ = self.free.popitem(last=False)
-            old = self.block_hashes[block]
-            if old is not None:
-                if self.cached.get(old) == block:
-                    del self.cached[old]
-                self.block_hashes[block] = None
-            self.ref_counts[block] = 1
-            seq.block_table.append(block)
+            seq.block_table.append(self._allocate())
         return True
+
+    def _allocate(self) -> int:
+        """The least recently freed block, forgotten by the prefix cache, held once."""
+        block, _ = self.free.popitem(last=False)
+        old = self.block_hashes[block]
+        if old is not None:
+            if self.cached.get(old) == block:
+                del self.cached[old]
+            self.block_hashes[block] = None
+        self.ref_counts[block] = 1
+        return block
+
+    def fork(self, parent: Sequence, child: Sequence) -> tuple[int, int] | None:
+        """Give `child` (a `parent.fork()`) the parent's computed KV: full blocks shared by
+        reference count, a last partial block copied on write into a fresh block. Returns
+        (parent's block, the copy) for the caller to copy on the device, or None when nothing
+        is to copy. With no free block the child keeps only the full blocks and recomputes
+        the partial one's tokens (never more than block_size - 1)."""
+        bs = self.block_size
+        full, partial = divmod(parent.num_computed_tokens, bs)
+        shared = parent.block_table[:full]
+        for block in shared:
+            self.ref_counts[block] += 1
+        child.block_table = list(shared)
+        child.num_registered_blocks = min(parent.num_registered_blocks, full)
+        if not partial:
+            return None
+        if not self.free:
+            child.num_computed_tokens = full * bs
+            return None
+        copy = self._allocate()
+        child.block_table.append(copy)
+        return parent.block_table[full], copy
 
     def release(self, seq: Sequence) -> None:
         """Return the sequence's blocks; the tail goes back first so that prefixes,

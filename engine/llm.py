@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
-from engine.beam_search import BeamSearchOutput, BeamSearchParams, run_beam_search
+from engine.beam_runner import run_beam_search
+from engine.beam_search import BeamSearchOutput, BeamSearchParams
 from engine.chat_prompt import render_conversation
 from engine.llm_args import engine_kwargs
 from engine.llm_engine import LLMEngine, Prompt
@@ -43,7 +44,7 @@ class LLM(PoolingMixin):
 
     def beam_search(self, prompts: Prompt | Seq[Prompt], params: BeamSearchParams, lora_request=None,
                     use_tqdm: bool = False) -> list[BeamSearchOutput]:
-        """vLLM's offline beam search (see `engine.beam_search`), one output per prompt."""
+        """vLLM's offline beam search, its beams run in the engine (see `engine.beam_runner`); one output per prompt."""
         if lora_request is not None:
             raise ValueError("lora_request is not supported: the engine serves no LoRA adapters")
         if isinstance(prompts, str | dict):

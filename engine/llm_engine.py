@@ -259,6 +259,9 @@ class LLMEngine:
                 if output is not None:
                     finished.append(output)
             for i, seq in enumerate(samplers):
+                if seq.on_logprobs is not None:  # a beam: the search picks its next tokens
+                    seq.on_logprobs(seq, self._logprob_entry(seq, logprobs[i]))
+                    continue
                 seq.append_token(tokens[i])
                 grammar_done = advance(seq, tokens[i])
                 if logprobs is not None and seq.logprobs is not None:

@@ -145,6 +145,18 @@ class ModelRunner:
         Sampler(m.vocab_size, self.device, 0)(logits, seqs, [])
         return tokens
 
+    @torch.no_grad()
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy whole KV blocks (source, destination) in every layer: a forked beam's
+        copy-on-write of its parent's partial block. Queued on the device like a step."""
+        if not pairs:
+            return
+        src = to_device([s for s, _ in pairs], torch.long, self.device)
+        dst = to_device([d for _, d in pairs], torch.long, self.device)
+        for k, v in self.kv_caches:
+            k.index_copy_(0, dst, k.index_select(0, src))
+            v.index_copy_(0, dst, v.index_select(0, src))
+
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionInputs, torch.Tensor]:
         input_ids, positions, slots, seq_lens, starts = [], [], [], [], [0]
         sample_rows = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import enum
 import time
 
@@ -53,6 +54,9 @@ class Sequence:
         self.first_token_time: float | None = None
         self.num_preemptions = 0
         self.pooling = None  # an embedding request's engine.pooling.PoolingState
+        # Set by beam search (engine.beam_runner): called with (seq, logprob entry) where the
+        # engine would append a sampled token; the search appends the tokens it picks.
+        self.on_logprobs = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -68,6 +72,18 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
+
+    def fork(self, seq_id: int) -> Sequence:
+        """A copy with this sequence's tokens and state but no blocks (a beam search's child
+        beam; BlockManager.fork gives it its parent's KV)."""
+        child = copy.copy(self)
+        child.seq_id = seq_id
+        child.token_ids = list(self.token_ids)
+        child.block_table = []
+        child.block_hashes = list(self.block_hashes)
+        if self.logprobs is not None:
+            child.logprobs = list(self.logprobs)
+        return child
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

@@ -237,3 +237,49 @@ def test_prefix_caching_can_be_disabled(enabled):
     if not enabled:
         assert bm.match_prefix(b) == []
         assert bm.cached == {}
+
+
+def test_fork_shares_full_blocks_and_copies_the_partial_one():
+    bm = BlockManager(16, BS)
+    parent = make_seq(range(10))  # two full blocks and two tokens
+    admit(bm, parent)
+    child = parent.fork(next(_ids))
+    free = bm.num_free_blocks
+    src, dst = bm.fork(parent, child)
+    assert (src, child.block_table[:2]) == (parent.block_table[2], parent.block_table[:2])
+    assert dst == child.block_table[2] and dst not in parent.block_table
+    assert bm.num_free_blocks == free - 1  # only the copy
+    assert all(bm.ref_counts[b] == 2 for b in parent.block_table[:2]) and bm.ref_counts[src] == 1
+    assert child.num_computed_tokens == 10 and child.token_ids == parent.token_ids
+    child.append_token(77)
+    parent.append_token(88)
+    assert parent.token_ids[-1] == 88 and child.token_ids[-1] == 77  # histories diverge
+    assert_consistent(bm, [parent, child])
+    bm.release(parent)
+    assert all(bm.ref_counts[b] == 1 for b in child.block_table)
+    bm.release(child)
+    assert bm.num_free_blocks == 16
+
+
+def test_fork_on_a_block_boundary_copies_nothing():
+    bm = BlockManager(16, BS)
+    parent = make_seq(range(8))
+    admit(bm, parent)
+    child = parent.fork(next(_ids))
+    assert bm.fork(parent, child) is None
+    assert child.block_table == parent.block_table and child.num_computed_tokens == 8
+    assert child.num_registered_blocks == parent.num_registered_blocks == 2
+    child.append_token(5)
+    assert bm.grow(child, len(child)) and len(child.block_table) == 3  # its own next block
+    assert_consistent(bm, [parent, child])
+
+
+def test_fork_with_a_dry_pool_recomputes_the_partial_block_instead():
+    bm = BlockManager(3, BS)
+    parent = make_seq(range(10))
+    admit(bm, parent)  # all three blocks
+    child = parent.fork(next(_ids))
+    assert bm.fork(parent, child) is None
+    assert child.block_table == parent.block_table[:2]
+    assert child.num_computed_tokens == 8  # the two partial tokens are computed again
+    assert_consistent(bm, [parent, child])
