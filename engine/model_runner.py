@@ -22,6 +22,7 @@ from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence
+from engine.warm_up import warm_up
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,8 @@ class ModelRunner:
             for _ in range(model_config.num_layers)
         ]
         self.graph_runner = self._make_graph_runner()
+        if self.ops.compiles_on_first_use:
+            warm_up(self.model, model_config, self.block_size, device, dtype)
 
     @property
     def _captures_graphs(self) -> bool:

@@ -25,6 +25,8 @@ class Ops:
     attention_hints: bool
     # No kernel reads device memory on the host, so a whole step can be captured in a CUDA graph.
     graph_capturable: bool
+    # Kernels compile on first use, per shape kind: the runner warms them up at load.
+    compiles_on_first_use: bool
     write_kv_cache: Callable
     paged_attention: Callable
     rms_norm: Callable
@@ -37,6 +39,7 @@ TORCH_OPS = Ops(
     name="torch",
     attention_hints=False,
     graph_capturable=False,  # the reference attention reads sequence lengths on the host
+    compiles_on_first_use=False,
     write_kv_cache=reference.write_kv_cache,
     paged_attention=reference.paged_attention,
     rms_norm=reference.rms_norm,
@@ -50,6 +53,7 @@ CPU_OPS = Ops(
     name="torch-compiled",
     attention_hints=False,
     graph_capturable=False,
+    compiles_on_first_use=True,
     write_kv_cache=reference.write_kv_cache,
     paged_attention=cpu_attention.paged_attention,
     rms_norm=compiled.rms_norm,
@@ -66,6 +70,7 @@ def triton_ops() -> Ops:
         name="triton",
         attention_hints=True,
         graph_capturable=True,
+        compiles_on_first_use=False,  # Triton compiles too, but its launches are cached by shape class
         write_kv_cache=t.write_kv_cache,
         paged_attention=t.paged_attention,
         rms_norm=t.rms_norm,

@@ -1,24 +1,38 @@
-"""The CPU engine's paged attention: decode rows through one compiled kernel that reads K/V
-where they lie in the pool, prompts through the reference's flash SDPA.
+"""The CPU engine's paged attention: decodes through compiled kernels that read K/V where they lie in
+the pool, prompts through the reference's flash SDPA.
 
 The reference gathers each decode's context out of the pool (`index_select`) and then lays it out
 again for a batched matmul, at every layer: two copies of every context per step. Compiled by
-inductor, `decode_attention` below is a few fused loops that load each key and value from its
-block directly, for any batch and context length (dynamic shapes: one compilation per process and
-dtype, see `kernels.compiled`).
+inductor (`kernels.compiled`), `decode_attention` is a few fused loops that load each key and value
+from its block directly. Decodes whose block tables start with the same blocks (a shared system
+prompt, sibling samples) read those blocks once for the whole group, as one matmul of every member's
+queries (`prefix_attention`), and only their own tails through the kernel; the two partial results
+merge by their log-sum-exp. Which decode goes in which call is planned once per step
+(`DecodePlan`) and reused by every layer.
 """
 
 from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
 
 import torch
 
 from kernels import reference
 from kernels.compiled import Compiled
+from kernels.cpu_prefill import linear, prefill_attention
+
+MIN_SAVING = 0.25  # a decode group is split where that saves this share of its padded work
+MAX_GROUPS = 4
+# Chunks of up to this many new tokens go through the decode kernels, a row per token (a prompt's
+# tail after a cached prefix, say); longer ones through flash SDPA, one sequence at a time.
+SHORT_CHUNK = 64
 
 
 def decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale):
     """One new token per sequence: query [B, H, D], block_tables [B, W] (W blocks cover the longest
-    context), seq_lens [B]. Returns [B, H, D]. Scores and the softmax in float32."""
+    context), seq_lens [B]. Returns the output [B, H, D] and the log-sum-exp of the scaled scores
+    [B, H], both float32 (as the scores and the softmax)."""
     batch, num_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
@@ -31,47 +45,226 @@ def decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale):
     scores = (q * keys.float()).sum(-1) * scale  # [B, kv, group, T]
     past_end = positions[None, :] >= seq_lens[:, None]
     scores = scores.masked_fill(past_end[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    out = (probs[..., None] * values.float()).sum(-2)  # [B, kv, group, D]
-    return out.reshape(batch, num_heads, head_dim).to(query.dtype)
+    top = scores.amax(-1, keepdim=True)
+    weights = torch.exp(scores - top)
+    total = weights.sum(-1, keepdim=True)
+    out = (weights[..., None] * values.float()).sum(-2) / total  # [B, kv, group, D]
+    lse = top + total.log()
+    return out.reshape(batch, num_heads, head_dim), lse.reshape(batch, num_heads)
+
+
+def prefix_attention(query, k_cache, v_cache, prefix_blocks, tail_out, tail_lse, scale):
+    """`tail_out`/`tail_lse` (decode_attention over each row's own blocks) merged with the attention
+    over `prefix_blocks`, which every row shares: per KV head, one matmul of all rows' queries against
+    the prefix's keys and one of the weights against its values. Float32, as the tail's.
+
+    The matmuls are linear layers (the prefix as the weight), to run on oneDNN."""
+    rows, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    group, length = num_heads // num_kv_heads, prefix_blocks.shape[0] * block_size
+    keys = k_cache[prefix_blocks].view(length, num_kv_heads, head_dim)
+    values = v_cache[prefix_blocks].view(length, num_kv_heads, head_dim)
+    queries = query.view(rows, num_kv_heads, group, head_dim)
+    outs, lses = [], []
+    for h in range(num_kv_heads):
+        q = queries[:, h].reshape(rows * group, head_dim).float()
+        weights, lse = _softmax_lse(linear(q, keys[:, h].float().contiguous()), scale)
+        outs.append(linear(weights, values[:, h].float().t().contiguous()).view(rows, group, head_dim))
+        lses.append(lse.view(rows, group))
+    return _merge(torch.stack(outs, 1).view(rows, num_heads, head_dim), torch.stack(lses, 1).view(rows, num_heads),
+                  tail_out, tail_lse)
+
+
+def softmax_lse(scores, scale):
+    """softmax(scores * scale) along the last dimension, and its log-sum-exp."""
+    scores = scores * scale
+    top = scores.amax(-1, keepdim=True)
+    weights = torch.exp(scores - top)
+    total = weights.sum(-1, keepdim=True)
+    return weights / total, (top + total.log()).squeeze(-1)
+
+
+def merge_partial(out_a, lse_a, out_b, lse_b):
+    """Attention over two disjoint parts of a context, from each part's output and log-sum-exp."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    return out_a * (lse_a - lse).exp()[..., None] + out_b * (lse_b - lse).exp()[..., None]
 
 
 def _reference_decode(query, k_cache, v_cache, block_tables, seq_lens, scale):
-    """The same through the reference (gathers, batched matmuls): where compiling fails."""
-    one_each = torch.arange(query.shape[0] + 1, dtype=torch.int32, device=query.device)
-    return reference.paged_attention(query, k_cache, v_cache, block_tables, seq_lens, one_each, scale)
+    """decode_attention through plain torch ops, for where compiling fails."""
+    batch, num_heads, head_dim = query.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    context = block_tables.shape[1] * block_size
+    keys = reference._gather_blocks("k", k_cache, block_tables.flatten().long()).view(batch, context, num_kv_heads,
+                                                                                       head_dim)
+    values = reference._gather_blocks("v", v_cache, block_tables.flatten().long()).view(batch, context,
+                                                                                         num_kv_heads, head_dim)
+    group = num_heads // num_kv_heads
+    q = query.view(batch, num_kv_heads, group, head_dim).float()
+    scores = torch.einsum("bhgd,bthd->bhgt", q, keys.float()) * scale
+    past_end = torch.arange(context, device=query.device)[None, :] >= seq_lens[:, None]
+    scores = scores.masked_fill(past_end[:, None, None, :], float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.einsum("bhgt,bthd->bhgd", torch.softmax(scores, dim=-1), values.float())
+    return out.reshape(batch, num_heads, head_dim), lse.reshape(batch, num_heads)
 
 
-_kernel = Compiled(decode_attention, fallback=_reference_decode)
+_decode = Compiled(decode_attention, fallback=_reference_decode)
+_softmax_lse = Compiled(softmax_lse)
+_merge = Compiled(merge_partial)
+
+
+@dataclass
+class DecodeCall:
+    """One kernel call over some of a step's decodes: their query rows (None: every row of the step, in
+    order), block tables and context lengths (past the shared prefix, if any), at least two rows and
+    two blocks (a size of one would be compiled apart, as a specialisation); `prefixes` are the
+    (first row, end row, shared blocks) of groups of rows that share prefix blocks."""
+
+    tokens: torch.Tensor | None
+    count: int  # real rows; the tensors may hold one more (a repeated row)
+    tables: torch.Tensor
+    lens: torch.Tensor
+    prefixes: list[tuple[int, int, torch.Tensor]]
+
+    def run(self, query, k_cache, v_cache, scale, out) -> None:
+        q = query if self.tokens is None else query[self.tokens]
+        result, lse = _decode(q, k_cache, v_cache, self.tables, self.lens, scale)
+        for start, end, blocks in self.prefixes:
+            result[start:end] = prefix_attention(q[start:end], k_cache, v_cache, blocks, result[start:end],
+                                                 lse[start:end], scale)
+        result = result[: self.count].to(out.dtype)
+        if self.tokens is None:
+            out.copy_(result)
+        else:
+            out[self.tokens[: self.count]] = result
+
+
+@dataclass
+class DecodePlan:
+    lengths: list[int]
+    starts: list[int]
+    calls: list[DecodeCall]
+    long_chunks: list[int]  # sequences left to `prefill_attention`
+
+
+def width_groups(widths: list[int], max_groups: int = MAX_GROUPS) -> list[list[int]]:
+    """Indices of `widths` (blocks per context) in groups of one kernel call each. A call pads every
+    context to its group's widest, so a group is split in two where that saves at least MIN_SAVING of
+    its padded work, largest saving first, up to `max_groups` groups."""
+    if not widths:
+        return []
+    groups = [sorted(range(len(widths)), key=widths.__getitem__)]
+    while len(groups) < max_groups:
+        best = None  # (saving, group, split)
+        for g, members in enumerate(groups):
+            padded = len(members) * widths[members[-1]]
+            for k in range(1, len(members)):
+                saving = padded - k * widths[members[k - 1]] - (len(members) - k) * widths[members[-1]]
+                if saving >= MIN_SAVING * padded and (best is None or saving > best[0]):
+                    best = (saving, g, k)
+        if best is None:
+            break
+        _, g, k = best
+        members = groups.pop(g)
+        groups[g:g] = [members[:k], members[k:]]
+    return groups
+
+
+def shared_prefixes(tables: list[list[int]], lengths: list[int], block_size: int) -> list[tuple[list[int], int]]:
+    """(members, shared blocks) of decodes whose tables start with the same blocks, short of each
+    member's own last token; the decodes that share nothing come last, with 0."""
+    by_first: dict[int, list[int]] = {}
+    for i, table in enumerate(tables):
+        by_first.setdefault(table[0], []).append(i)
+    groups, alone = [], []
+    for members in by_first.values():
+        shared = 0
+        if len(members) > 1:
+            limit = (min(lengths[i] for i in members) - 1) // block_size
+            first = tables[members[0]]
+            while shared < limit and all(tables[i][shared] == first[shared] for i in members):
+                shared += 1
+        if shared:
+            groups.append((members, shared))
+        else:
+            alone.extend(members)
+    return groups + ([(alone, 0)] if alone else [])
+
+
+def plan_decodes(block_tables, seq_lens, query_start_loc, block_size: int) -> DecodePlan:
+    """The step's kernel calls: every single-token query, and every query of a chunk of at most
+    SHORT_CHUNK tokens (each token a row of its own, its context ending at its position)."""
+    starts, lengths = query_start_loc.tolist(), seq_lens.tolist()
+    seqs = [i for i in range(len(lengths)) if 1 <= starts[i + 1] - starts[i] <= SHORT_CHUNK]
+    device = block_tables.device
+    seq_tables = block_tables[torch.tensor(seqs, device=device)].tolist() if seqs else []
+    tokens, tables, row_lens = [], [], []  # per row
+    for i, table in zip(seqs, seq_tables):
+        q_len = starts[i + 1] - starts[i]
+        for j in range(q_len):
+            tokens.append(starts[i] + j)
+            tables.append(table)
+            row_lens.append(lengths[i] - q_len + 1 + j)
+    groups = shared_prefixes(tables, row_lens, block_size)
+    calls = []
+    shared_rows = [(members, shared) for members, shared in groups if shared]
+    if shared_rows:  # every group's tails in one call, each group's prefix merged in after
+        rows, tails, prefixes = [], [], []
+        for members, shared in shared_rows:
+            prefixes.append((len(rows), len(rows) + len(members), torch.tensor(tables[members[0]][:shared],
+                                                                               device=device)))
+            rows.extend(members)
+            tails.extend((tables[m][shared:], row_lens[m] - shared * block_size) for m in members)
+        calls.append(_call(rows, tails, tokens, prefixes, block_size, whole_step=False, device=device))
+    alone = [members for members, shared in groups if not shared]
+    for sub in width_groups([-(-row_lens[m] // block_size) for m in alone[0]]) if alone else []:
+        rows = [alone[0][j] for j in sub]
+        if len(rows) == 1:
+            rows = rows * 2
+        whole_step = [tokens[r] for r in rows] == list(range(starts[-1]))
+        calls.append(_call(rows, [(tables[r], row_lens[r]) for r in rows], tokens, [], block_size, whole_step,
+                           device))
+    long_chunks = [i for i in range(len(lengths)) if starts[i + 1] - starts[i] > SHORT_CHUNK]
+    return DecodePlan(lengths, starts, calls, long_chunks)
+
+
+def _call(rows, tails, tokens, prefixes, block_size, whole_step, device) -> DecodeCall:
+    """A DecodeCall over `rows` (indices into `tokens`), each with its (block table, context length)."""
+    width = max(2, -(-max(n for _, n in tails) // block_size))
+    return DecodeCall(
+        tokens=None if whole_step else torch.tensor([tokens[r] for r in rows], device=device),
+        count=len(set(rows)),
+        tables=torch.tensor([_padded(t[:width], width) for t, _ in tails], dtype=torch.int32, device=device),
+        lens=torch.tensor([n for _, n in tails], dtype=torch.int32, device=device),
+        prefixes=prefixes,
+    )
+
+
+def _padded(blocks: list[int], width: int) -> list[int]:
+    return blocks + [0] * (width - len(blocks))
+
+
+_plans = threading.local()
+
+
+def _step_plan(block_tables, seq_lens, query_start_loc, block_size: int) -> DecodePlan:
+    """Every layer of a step gets the same metadata tensors: plan once, for as long as the same
+    objects hold the same contents (static buffers are updated in place: their version changes)."""
+    inputs = (block_tables, seq_lens, query_start_loc)
+    key = tuple((id(t), t._version) for t in inputs) + (block_size,)
+    cached = getattr(_plans, "entry", None)
+    if cached is None or cached[0] != key:
+        # the tensors stay referenced beside their key, so that no other tensor can take their ids
+        cached = _plans.entry = (key, inputs, plan_decodes(block_tables, seq_lens, query_start_loc, block_size))
+    return cached[2]
 
 
 def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
     """`kernels.reference.paged_attention`'s contract."""
     out = torch.empty_like(query)
-    starts = query_start_loc.tolist()
-    lengths = seq_lens.tolist()
-    rows = [i for i in range(len(lengths)) if starts[i + 1] - starts[i] == 1]
-    if rows:
-        _decode_rows(query, k_cache, v_cache, block_tables, seq_lens, lengths, starts, rows, scale, out)
-    reference.prefill_attention(query, k_cache, v_cache, block_tables, lengths, starts, scale, out)
+    plan = _step_plan(block_tables, seq_lens, query_start_loc, k_cache.shape[1])
+    for call in plan.calls:
+        call.run(query, k_cache, v_cache, scale, out)
+    prefill_attention(query, k_cache, v_cache, block_tables, plan.lengths, plan.starts, scale, out, plan.long_chunks)
     return out
-
-
-def _decode_rows(query, k_cache, v_cache, block_tables, seq_lens, lengths, starts, rows, scale, out):
-    width = -(-max(lengths[i] for i in rows) // k_cache.shape[1])
-    tokens = [starts[i] for i in rows]
-    if len(rows) == len(lengths) and width <= block_tables.shape[1]:  # a pure decode step: token i is sequence i's
-        q, tables, lens = query, block_tables[:, :width], seq_lens
-    else:
-        index = torch.tensor(rows, device=query.device)
-        q, tables, lens = query[tokens], block_tables[index, :width], seq_lens[index]
-    # At least two rows and two blocks: a size of 1 would be compiled separately (a specialisation).
-    if len(rows) == 1:
-        q, tables, lens = q.repeat(2, 1, 1), tables.repeat(2, 1), lens.repeat(2)
-    if width == 1:
-        tables = torch.cat([tables, tables], dim=1)
-    result = _kernel(q, k_cache, v_cache, tables, lens, scale)[: len(rows)]
-    if len(rows) == len(lengths):
-        out.copy_(result)
-    else:
-        out[torch.tensor(tokens, device=query.device)] = result

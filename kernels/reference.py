@@ -86,16 +86,16 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start
     return out
 
 
-def prefill_attention(query, k_cache, v_cache, block_tables, lengths, starts, scale, out):
-    """Into `out`: the attention of every sequence with more than one new token (host-side
-    `lengths` and `starts` as the lists of seq_lens and query_start_loc).
+def prefill_attention(query, k_cache, v_cache, block_tables, lengths, starts, scale, out, seqs=None):
+    """Into `out`: the attention of every sequence with more than one new token, or of those in `seqs`
+    (host-side `lengths` and `starts` as the lists of seq_lens and query_start_loc).
 
     Masks are additive float tensors on 4-D inputs: that is what keeps PyTorch's CPU SDPA on
     its flash kernel (a boolean mask, or 3-D inputs with a mask, fall back to the math kernel,
     which materialises every score and is several times slower on long contexts)."""
     gqa = query.shape[1] != k_cache.shape[2]
-    for i, length in enumerate(lengths):
-        q_len = starts[i + 1] - starts[i]
+    for i in range(len(lengths)) if seqs is None else seqs:
+        length, q_len = lengths[i], starts[i + 1] - starts[i]
         if q_len <= 1:
             continue
         q = query[starts[i] : starts[i + 1]].transpose(0, 1).unsqueeze(0)

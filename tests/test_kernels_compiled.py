@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kernels import compiled, cpu_attention, reference
-from tests.test_kernels_reference import make_batch, naive
+from tests.test_kernels_reference import make_batch, naive, with_shared_prefixes
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
 
@@ -22,7 +22,9 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
     ([1, 1], [15, 16]),  # a context of exactly one block, and one past it
     ([1] * 9, [3, 70, 15, 33, 200, 48, 1, 16, 17]),  # a pure decode step of mixed lengths
     ([1, 1, 40, 9, 1, 23], [70, 15, 0, 48, 16, 17]),  # decodes among prefills and prefix chunks
-], ids=["single", "block-edges", "decodes", "mixed"])
+    ([1, 100, 3, 70], [30, 0, 20, 33]),  # chunks longer than SHORT_CHUNK: cpu_prefill
+    ([300, 1, 270], [0, 9, 40]),  # chunks of more than one QUERY_BLOCK
+], ids=["single", "block-edges", "decodes", "mixed", "long-chunks", "query-blocks"])
 def test_paged_attention_equals_naive(shape, heads, dtype):
     q_lens, ctx_lens = shape
     batch = make_batch(q_lens, ctx_lens, *heads, dtype)
@@ -76,9 +78,48 @@ def test_a_kernel_that_fails_to_compile_runs_eagerly_with_a_warning(monkeypatch,
     assert torch.equal(kernel(x), reference.silu_and_mul(x))  # and no second attempt
 
 
-def test_the_decode_kernel_falls_back_to_the_reference_decode(monkeypatch):
+@pytest.mark.parametrize("shared", [False, True], ids=["apart", "shared-prefix"])
+def test_the_decode_kernel_falls_back_to_the_reference_decode(monkeypatch, shared):
     kernel = compiled.Compiled(cpu_attention.decode_attention, fallback=cpu_attention._reference_decode)
     kernel.failed = True
-    monkeypatch.setattr(cpu_attention, "_kernel", kernel)
+    monkeypatch.setattr(cpu_attention, "_decode", kernel)
+    batch = make_batch([1] * 7 + [9], [60, 48, 70, 32, 20, 31, 40, 30], 6, 2, torch.float32)
+    batch = with_shared_prefixes(batch) if shared else batch
+    torch.testing.assert_close(cpu_attention.paged_attention(**batch).double(), naive(**batch), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads", [(4, 4), (6, 2)], ids=["mha", "gqa3"])
+def test_decodes_sharing_prefix_blocks_equal_naive(heads, dtype):
+    case = ([1, 1, 1, 1, 1, 1, 1, 9], [60, 48, 70, 32, 20, 31, 40, 30])
+    batch = with_shared_prefixes(make_batch(*case, *heads, dtype, seed=4))
+    plan = cpu_attention.plan_decodes(batch["block_tables"], batch["seq_lens"], batch["query_start_loc"], 16)
+    # decodes 0-3 share two blocks (3 is a block short of its token), 4-5 one; the 9-token chunk's
+    # rows share their sequence's first block (its rows attend to 31..39 tokens)
+    assert sorted(len(blocks) for c in plan.calls for _, _, blocks in c.prefixes) == [1, 1, 2]
+    got = cpu_attention.paged_attention(**batch)
+    torch.testing.assert_close(got.double(), naive(**batch), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def test_a_step_is_planned_once_for_all_its_layers_and_again_when_a_buffer_changes(monkeypatch):
     batch = make_batch([1, 1, 1], [40, 3, 17], 6, 2, torch.float32)
+    plans = []
+    real = cpu_attention.plan_decodes
+    monkeypatch.setattr(cpu_attention, "plan_decodes", lambda *a: plans.append(1) or real(*a))
+    first = [cpu_attention.paged_attention(**batch) for _ in range(3)]
+    assert len(plans) == 1 and all(torch.equal(first[0], o) for o in first)
+    batch["seq_lens"].sub_(1)  # a static buffer updated in place for the next step
+    torch.testing.assert_close(cpu_attention.paged_attention(**batch).double(), naive(**batch), atol=1e-5, rtol=1e-5)
+    assert len(plans) == 2
+
+
+def test_decodes_of_very_different_lengths_are_split_into_calls():
+    assert cpu_attention.width_groups([]) == []
+    assert cpu_attention.width_groups([5, 5, 5]) == [[0, 1, 2]]
+    groups = cpu_attention.width_groups([1, 2, 30, 31, 3, 32, 8])
+    assert sorted(i for g in groups for i in g) == list(range(7)) and len(groups) <= cpu_attention.MAX_GROUPS
+    assert [2, 3, 5] in groups and any(set(g) >= {0, 1} for g in groups)
+    batch = make_batch([1] * 6, [2, 300, 5, 290, 17, 3], 6, 2, torch.float32)
+    plan = cpu_attention.plan_decodes(batch["block_tables"], batch["seq_lens"], batch["query_start_loc"], 16)
+    assert len(plan.calls) >= 2
     torch.testing.assert_close(cpu_attention.paged_attention(**batch).double(), naive(**batch), atol=1e-5, rtol=1e-5)

@@ -1,0 +1,60 @@
+"""Compile the CPU engine's kernels when the model loads, not in its first steps (vLLM does the same):
+one forward over a small batch holding every kind of row the kernels treat apart, and one over a
+single token (a size of one compiles apart). Both run on scratch K/V: the pool is not touched."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from engine.config import ModelConfig
+from engine.models.llama import AttentionInputs, LlamaForCausalLM
+
+log = logging.getLogger(__name__)
+LONG_PROMPT = 96  # longer than the chunks the decode kernels take
+
+
+def _batch(block_size: int, max_len: int) -> list[tuple[int, int, list[int]]]:
+    """(context length with the new tokens, new tokens, block table) per sequence: two decodes
+    sharing their first two blocks, a decode alone, a short chunk after a cached prefix (its rows
+    share one block), a long prompt."""
+    shared = [1, 2]
+    long_len = min(LONG_PROMPT, max_len)
+    seqs = [(min(3 * block_size - 8, max_len), 1, shared + [3]), (min(3 * block_size - 12, max_len), 1, shared + [4]),
+            (min(5, max_len), 1, [5]), (min(block_size + 4, max_len), 3, [6, 7])]
+    seqs.append((long_len, long_len, list(range(8, 8 + -(-long_len // block_size)))))
+    return [(n, min(q, n), table) for n, q, table in seqs]
+
+
+def _inputs(seqs, num_layers: int, scratch: tuple[torch.Tensor, torch.Tensor],
+            device) -> tuple[torch.Tensor, AttentionInputs]:
+    width = max(len(t) for _, _, t in seqs)
+    positions, starts = [], [0]
+    for length, q_len, _ in seqs:
+        positions.extend(range(length - q_len, length))
+        starts.append(starts[-1] + q_len)
+    tokens = len(positions)
+    inputs = AttentionInputs(
+        positions=torch.tensor(positions, device=device),
+        slot_mapping=torch.full((tokens,), -1, dtype=torch.long, device=device),  # nothing written
+        block_tables=torch.tensor([t + [0] * (width - len(t)) for _, _, t in seqs], dtype=torch.int32, device=device),
+        seq_lens=torch.tensor([n for n, _, _ in seqs], dtype=torch.int32, device=device),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+        kv_caches=[scratch] * num_layers,
+    )
+    return torch.zeros(tokens, dtype=torch.long, device=device), inputs
+
+
+@torch.no_grad()
+def warm_up(model: LlamaForCausalLM, cfg: ModelConfig, block_size: int, device: torch.device,
+            dtype: torch.dtype) -> None:
+    seqs = _batch(block_size, cfg.max_model_len)
+    num_blocks = 1 + max(max(t) for _, _, t in seqs)
+    shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    scratch = (torch.randn(shape, device=device).to(dtype), torch.randn(shape, device=device).to(dtype))
+    for batch in (seqs, seqs[2:3]):
+        input_ids, inputs = _inputs(batch, cfg.num_layers, scratch, device)
+        hidden = model(input_ids, inputs)
+        model.compute_logits(hidden[-len(batch):])
+    log.debug("CPU kernels compiled for %s", dtype)
