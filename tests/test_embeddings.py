@@ -211,9 +211,13 @@ def test_truncate_prompt_tokens_and_too_long_inputs(embedding_model):
     with pytest.raises(ValueError, match="prompt 1: the input has 100 tokens, more than the model's context of 64"):
         llm.embed([{"prompt_token_ids": ids[:5]}, {"prompt_token_ids": ids}], use_tqdm=False)
     assert_pool_free(llm.llm_engine)  # nothing of the batch ran
-    (cut,) = embed(llm, [{"prompt_token_ids": ids}], truncate_prompt_tokens=30)
+    (cut,) = embed(llm, [{"prompt_token_ids": ids}], truncate_prompt_tokens=30)  # the first 30, as vLLM pools
+    (head,) = embed(llm, [{"prompt_token_ids": ids[:30]}])
     (tail,) = embed(llm, [{"prompt_token_ids": ids[-30:]}])
-    assert_close([cut], [tail])
+    assert_close([cut], [head])
+    left = PoolingParams(truncate_prompt_tokens=30, truncation_side="left")
+    assert_close(embed(llm, [{"prompt_token_ids": ids}], pooling_params=left), [tail])
+    assert cosines([cut], [tail])[0] < 0.999  # the two cuts differ
 
 
 def test_runner_mismatches_are_clear_errors(embedding_model, tiny_model, tmp_path):
