@@ -362,3 +362,51 @@ def test_pooling_only_steps_take_the_lean_forward_and_match_the_generic_one(embe
     generic = embed(LLM(str(path), max_num_batched_tokens=64, num_kv_blocks=64), inputs)
     assert not calls
     assert cosines(lean, generic).min() >= 0.99999
+
+
+@pytest.mark.parametrize("onednn", [True, False])
+@pytest.mark.parametrize("pooling", POOLINGS)
+def test_a_vector_does_not_depend_on_its_batch_its_cached_prefix_or_threads(embedding_model, pooling, onednn,
+                                                                            monkeypatch):
+    """Bit for bit, an input's vector alone equals its vector among others in any order, after
+    part of it was cached, and on another number of intra-op threads (a worker batches lines that
+    the offline engine embeds one call at a time, and runs its own threads), tiny inputs included;
+    with the GEMMs through oneDNN or torch's default."""
+    from engine import pooling_linear
+
+    monkeypatch.setattr(pooling_linear, "ONEDNN", onednn)
+    path = embedding_model("llama", pooling)
+    inputs = ["hi", "a b", "paged attention"] + texts(seed=11, count=10)
+    llm = LLM(str(path), num_kv_blocks=256, enable_prefix_caching=False)
+    alone = np.asarray([embed(llm, [x])[0] for x in inputs])
+    before = torch.get_num_threads()
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        try:
+            np.testing.assert_array_equal(np.asarray(embed(llm, inputs)), alone)
+            np.testing.assert_array_equal(np.asarray(embed(llm, inputs[::-1])[::-1]), alone)
+            cached = LLM(str(path), num_kv_blocks=256, enable_prefix_caching=True)
+            embed(cached, [x + " and then a longer tail of words" for x in inputs])
+            outs = cached.embed(inputs, use_tqdm=False)
+            np.testing.assert_array_equal(np.asarray([o.outputs.embedding for o in outs]), alone)
+            if pooling == "last":
+                assert sum(o.num_cached_tokens for o in outs) > 100  # continued from cached prefixes
+        finally:
+            torch.set_num_threads(before)
+    assert_close(alone, st_encode(path, inputs))
+
+
+def test_onednn_linear_equals_the_module_and_follows_its_weight():
+    from engine.pooling_linear import linear
+
+    torch.manual_seed(0)
+    module = torch.nn.Linear(64, 48)
+    x = torch.randn(20, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(linear(module, x), module(x))
+        module.weight.mul_(2)  # changed in place: packed again
+        torch.testing.assert_close(linear(module, x), module(x))
+        module.weight = torch.nn.Parameter(torch.randn(48, 64))  # replaced
+        torch.testing.assert_close(linear(module, x), module(x))
+        module.double()
+        torch.testing.assert_close(linear(module, x.double()), module(x.double()))  # not float32: the module
