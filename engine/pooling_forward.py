@@ -41,7 +41,7 @@ CPU_GROUP_TOKENS = 1024
 QUERY_PIECE = 32
 MIN_QUERY_ROWS = 4  # see _sdpa
 
-# The fewest rows a GEMM runs on (padded with zero rows below it): see the module's docstring.
+# The fewest rows a GEMM runs on (padded below it with rows nothing reads): see the module's docstring.
 MIN_GEMM_ROWS = 16
 
 # Pooled rows only past the last layer's attention (batch-invariant: MIN_GEMM_ROWS).
@@ -51,6 +51,7 @@ _LAYER_PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp
 _ATTN_PARTS = ("layer", "qkv_proj", "split_qkv", "o_proj", "ops", "num_heads", "num_kv_heads", "head_dim",
                "q_size", "scale")
 _MLP_PARTS = ("gate_up_proj", "down_proj", "ops")
+
 
 def supports(model) -> bool:
     inner = getattr(model, "model", None)
