@@ -180,25 +180,35 @@ def read_line(limits, raw_body: dict, body: dict) -> EmbeddingInputs:
 
 
 def finish_line(line: int, custom_id: str, limits, body: dict, inputs: EmbeddingInputs) -> ParsedRequest:
-    """Tokenize the texts (after the model's default prompt, as the engine and sentence-transformers
-    do) and check every input against the context and the line's token limit."""
+    """Tokenize the texts (after the model's default prompt, lowercased where it asks, as the engine
+    and sentence-transformers do) and check every input against the context and the line's token limit."""
     token_ids = inputs.token_ids
-    prefix = limits.pooler.default_prompt if limits.pooler is not None else ""
+    texts = None if inputs.texts is None else [_as_the_model_reads(limits.pooler, t) for t in inputs.texts]
     if token_ids is None:
         try:
-            token_ids = limits.encode([prefix + t for t in inputs.texts], add_special_tokens=True)
+            token_ids = limits.encode(texts, add_special_tokens=True)
         except Exception as e:  # noqa: BLE001 - a tokenizer failure is this line's error
             raise InvalidLine(INVALID_PROMPT, f"tokenization failed: {str(e)[:300]}") from None
         if not all(token_ids):
             raise InvalidLine(INVALID_PROMPT, "an input tokenized to nothing")
+
     def plain(i: int) -> list[int]:
-        return limits.encode([prefix + inputs.texts[i]], add_special_tokens=False)[0]
+        return limits.encode([texts[i]], add_special_tokens=False)[0]
 
     token_ids = fit_inputs(token_ids, limits.max_model_len, inputs.truncate_prompt_tokens, inputs.truncation_side,
                            plain if inputs.token_ids is None else None)
     options = {"encoding_format": inputs.encoding_format, "dimensions": inputs.dimensions}
     return ParsedRequest(line, custom_id, EMBEDDINGS_URL, limits.name, [], None, body, inputs=token_ids,
                          embedding_options=options)
+
+
+def _as_the_model_reads(pooler, text: str) -> str:
+    """The text after the model's default sentence-transformers prompt, lowercased where it says
+    `do_lower_case` (as `LLM.embed` and sentence-transformers)."""
+    if pooler is None:
+        return text
+    text = pooler.default_prompt + text
+    return text.lower() if pooler.do_lower_case else text
 
 
 def usage_tokens(request: ParsedRequest) -> int:

@@ -131,12 +131,14 @@ def check_pooling_request(engine, ids: list[int], params: PoolingParams, config:
 
 def prepare_pooling(engine, prompt, params: PoolingParams) -> tuple[str | None, list[int]]:
     """The input's text and token ids (the model's default sentence-transformers prompt put
-    before text, then cut as asked: `engine.pooling_truncation`), checked; raises ValueError for
-    one never served."""
+    before text, lowercased where the model says `do_lower_case`, then cut as asked:
+    `engine.pooling_truncation`), checked; raises ValueError for one never served."""
     params.validate()
     config = engine.pooler_config
-    if isinstance(prompt, str) and config is not None and config.default_prompt:
+    if isinstance(prompt, str) and config is not None:
         prompt = config.default_prompt + prompt
+        if config.do_lower_case:
+            prompt = prompt.lower()
     text, ids = engine.tokenize(prompt)
     keep = kept_tokens(params.truncate_prompt_tokens, engine.max_model_len)
     if keep is not None and len(ids) > keep:

@@ -1,7 +1,7 @@
 """How a model directory says to pool: sentence-transformers' files (`modules.json`,
 `1_Pooling/config.json`, `config_sentence_transformers.json`) and the Matryoshka declaration in
-`config.json` (torch-free). Its `max_seq_length` (`sentence_bert_config.json`) caps the context
-length, read with it in `engine.model_info`.
+`config.json` (torch-free). From `sentence_bert_config.json`, `do_lower_case` is read here; its
+`max_seq_length` caps the context length, read in `engine.model_info`.
 
 Supported: one Transformer module, then Pooling (last-token, mean or CLS), then an optional
 Normalize. Anything else (Dense heads, max pooling, weighted means) is refused by name."""
@@ -28,6 +28,7 @@ class PoolerConfig:
     default_prompt_name: str | None = None
     matryoshka_dimensions: list[int] | None = None  # None: any size up to hidden (is_matryoshka)
     is_matryoshka: bool = False
+    do_lower_case: bool = False  # texts are lowercased before tokenizing (after the default prompt)
     from_sentence_transformers: bool = False
 
     @property
@@ -120,4 +121,7 @@ def read_pooler_config(path: Path, raw_config: dict) -> PoolerConfig:
         st = _read_json(st_file)
         cfg.prompts = dict(st.get("prompts") or {})
         cfg.default_prompt_name = st.get("default_prompt_name")
+    bert_file = path / "sentence_bert_config.json"
+    if bert_file.is_file():
+        cfg.do_lower_case = bool(_read_json(bert_file).get("do_lower_case", False))
     return cfg

@@ -129,3 +129,25 @@ def test_batch_lines_longer_than_max_seq_length(model):
     assert ran["left"] == [o.prompt_token_ids for o in llm.embed(LONG[:1], use_tqdm=False, pooling_params=PoolingParams(
         truncate_prompt_tokens=20, truncation_side="left"))]
     assert_close(embed(llm, [{"prompt_token_ids": ids} for ids in ran["cut"]]), st_encode(model, LONG))
+
+
+def test_do_lower_case_lowercases_texts_as_sentence_transformers(tmp_path):
+    """`do_lower_case` in sentence_bert_config.json: texts (after the default prompt) are lowercased
+    before tokenizing, by `LLM.embed` and the batch validator alike; token ids stay as given."""
+    from batchfile.model_limits import ModelLimits
+    from batchfile.shard_input import decode_request, validate_stream
+
+    path = write_tiny_embedding_model(tmp_path / "m", "qwen3", "mean", do_lower_case=True,
+                                      default_prompt="Query: ")
+    mixed = ["Hello World", "The QUICK brown Fox"]
+    llm = LLM(str(path), num_kv_blocks=16)
+    outs = llm.embed(mixed, use_tqdm=False)
+    assert outs[0].prompt_token_ids == llm.llm_engine.tokenizer("query: hello world").input_ids
+    assert_close([o.outputs.embedding for o in outs], st_encode(path, mixed))
+    cased = write_tiny_embedding_model(tmp_path / "cased", "qwen3", "mean", default_prompt="Query: ")
+    assert LLM(str(cased), num_kv_blocks=16).embed(mixed[:1], use_tqdm=False)[0].prompt_token_ids != \
+        outs[0].prompt_token_ids
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"model": "emb", "input": mixed}}
+    (item,) = validate_stream(io.BytesIO((json.dumps(line) + "\n").encode()),
+                              {"emb": ModelLimits.from_dir(path, name="emb")})
+    assert decode_request(item.shard_line).inputs == [o.prompt_token_ids for o in outs]
