@@ -410,3 +410,18 @@ def test_onednn_linear_equals_the_module_and_follows_its_weight():
         torch.testing.assert_close(linear(module, x), module(x))
         module.double()
         torch.testing.assert_close(linear(module, x.double()), module(x.double()))  # not float32: the module
+
+
+def test_onednn_linear_falls_back_when_torch_lacks_its_op(monkeypatch):
+    from engine import pooling_linear
+
+    def gone(*args):
+        raise RuntimeError("no such op")
+
+    monkeypatch.setattr(pooling_linear, "ONEDNN", True)
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", gone)
+    module = torch.nn.Linear(16, 8)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(pooling_linear.linear(module, x), module(x))
+    assert pooling_linear.ONEDNN is False  # off from then on
