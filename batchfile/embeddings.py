@@ -1,6 +1,6 @@
 """`/v1/embeddings` request lines: reading the body (OpenAI's `input` forms, `encoding_format`,
-`dimensions`, `user`, and vLLM's `truncate_prompt_tokens`), the per-line limits (2,048 inputs and
-300,000 tokens, as OpenAI), and OpenAI's response body (`object: "list"`, `data[].embedding` as
+`dimensions`, `user`, and vLLM's `truncate_prompt_tokens` and `truncation_side`), the per-line
+limits (2,048 inputs and 300,000 tokens, as OpenAI), and OpenAI's response body (`object: "list"`, `data[].embedding` as
 floats or base64 float32, `usage`). Torch-free.
 
 `batchfile.validation` hands an embeddings line (or any line for an embedding model) here; the
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from batchfile.errors import (
@@ -23,11 +23,13 @@ from batchfile.errors import (
 )
 from batchfile.fields import type_name
 from batchfile.request import EMBEDDINGS_URL, ParsedRequest
+from engine.pooling_truncation import SIDES, cut, kept_tokens
 
 MAX_INPUTS = 2048  # OpenAI: an input array holds at most 2,048 items
 MAX_LINE_TOKENS = 300_000  # OpenAI: at most 300,000 tokens over all inputs of one request
 ENCODING_FORMATS = ("float", "base64")
-FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user", "truncate_prompt_tokens"})
+FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user", "truncate_prompt_tokens",
+                    "truncation_side"})
 
 
 @dataclass
@@ -40,6 +42,7 @@ class EmbeddingInputs:
     dimensions: int | None = None
     user: str | None = None
     truncate_prompt_tokens: int | None = None
+    truncation_side: str = "right"
 
     def __len__(self) -> int:
         return len(self.texts if self.texts is not None else self.token_ids)
@@ -104,20 +107,27 @@ def read_embedding_body(body: dict, vocab_size: int) -> EmbeddingInputs:
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise InvalidLine(INVALID_PARAMETER, f"user must be a string, got {type_name(user)}")
+    side = body.get("truncation_side", "right")
+    if side not in SIDES:
+        raise InvalidLine(INVALID_PARAMETER, f"truncation_side must be 'left' or 'right', got {side!r:.40}")
     return EmbeddingInputs(texts, token_ids, fmt, _positive_int("dimensions", body.get("dimensions")), user,
-                           _positive_int("truncate_prompt_tokens", body.get("truncate_prompt_tokens"), True))
+                           _positive_int("truncate_prompt_tokens", body.get("truncate_prompt_tokens"), True), side)
 
 
-def fit_inputs(token_ids: list[list[int]], max_model_len: int, truncate_prompt_tokens: int | None) -> list[list[int]]:
-    """Each input within the model's context (or its last `truncate_prompt_tokens` tokens, -1:
-    the context), and the line within MAX_LINE_TOKENS; raises InvalidLine otherwise."""
-    keep = truncate_prompt_tokens
-    if keep is not None:
-        if keep > max_model_len:
-            raise InvalidLine(INVALID_PARAMETER,
-                              f"truncate_prompt_tokens={keep} exceeds the model's context of {max_model_len}")
-        keep = max_model_len if keep == -1 else keep
-        token_ids = [ids[-keep:] for ids in token_ids]
+def fit_inputs(token_ids: list[list[int]], max_model_len: int, truncate_prompt_tokens: int | None,
+               truncation_side: str = "right", plain: Callable[[int], list[int]] | None = None
+               ) -> list[list[int]]:
+    """Each input within the model's context (or cut to `truncate_prompt_tokens` tokens, -1: the
+    context, as `LLM.embed` cuts it: `engine.pooling_truncation`; `plain(i)`: text input i's tokens
+    without special tokens), and the line within MAX_LINE_TOKENS; raises InvalidLine otherwise. A
+    sentence-transformers `max_seq_length` caps the context (`engine.model_info.context_length`)."""
+    try:
+        keep = kept_tokens(truncate_prompt_tokens, max_model_len)
+        if keep is not None:
+            token_ids = [cut(ids, keep, truncation_side, plain(i) if plain and len(ids) > keep else None)
+                         for i, ids in enumerate(token_ids)]
+    except ValueError as e:
+        raise InvalidLine(INVALID_PARAMETER, str(e)) from None
     for i, ids in enumerate(token_ids):
         if len(ids) > max_model_len:
             raise InvalidLine(CONTEXT_LENGTH_EXCEEDED,
@@ -170,21 +180,35 @@ def read_line(limits, raw_body: dict, body: dict) -> EmbeddingInputs:
 
 
 def finish_line(line: int, custom_id: str, limits, body: dict, inputs: EmbeddingInputs) -> ParsedRequest:
-    """Tokenize the texts (after the model's default prompt, as the engine and sentence-transformers
-    do) and check every input against the context and the line's token limit."""
+    """Tokenize the texts (after the model's default prompt, lowercased where it asks, as the engine
+    and sentence-transformers do) and check every input against the context and the line's token limit."""
     token_ids = inputs.token_ids
+    texts = None if inputs.texts is None else [_as_the_model_reads(limits.pooler, t) for t in inputs.texts]
     if token_ids is None:
-        prefix = limits.pooler.default_prompt if limits.pooler is not None else ""
         try:
-            token_ids = limits.encode([prefix + t for t in inputs.texts], add_special_tokens=True)
+            token_ids = limits.encode(texts, add_special_tokens=True)
         except Exception as e:  # noqa: BLE001 - a tokenizer failure is this line's error
             raise InvalidLine(INVALID_PROMPT, f"tokenization failed: {str(e)[:300]}") from None
         if not all(token_ids):
             raise InvalidLine(INVALID_PROMPT, "an input tokenized to nothing")
-    token_ids = fit_inputs(token_ids, limits.max_model_len, inputs.truncate_prompt_tokens)
+
+    def plain(i: int) -> list[int]:
+        return limits.encode([texts[i]], add_special_tokens=False)[0]
+
+    token_ids = fit_inputs(token_ids, limits.max_model_len, inputs.truncate_prompt_tokens, inputs.truncation_side,
+                           plain if inputs.token_ids is None else None)
     options = {"encoding_format": inputs.encoding_format, "dimensions": inputs.dimensions}
     return ParsedRequest(line, custom_id, EMBEDDINGS_URL, limits.name, [], None, body, inputs=token_ids,
                          embedding_options=options)
+
+
+def _as_the_model_reads(pooler, text: str) -> str:
+    """The text after the model's default sentence-transformers prompt, lowercased where it says
+    `do_lower_case` (as `LLM.embed` and sentence-transformers)."""
+    if pooler is None:
+        return text
+    text = pooler.default_prompt + text
+    return text.lower() if pooler.do_lower_case else text
 
 
 def usage_tokens(request: ParsedRequest) -> int:

@@ -22,7 +22,7 @@ from engine import pooling_forward
 from engine.block_manager import cdiv
 from engine.pooling_outputs import PoolingOutput, PoolingRequestOutput
 from engine.pooling_params import PoolingParams
-from engine.request_checks import truncate_prompt
+from engine.pooling_truncation import cut, kept_tokens
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch
 from engine.sentence_transformers_config import PoolerConfig
@@ -112,6 +112,8 @@ def pooled_sequences(batch: ScheduledBatch) -> list[Sequence]:
 
 
 def check_pooling_request(engine, ids: list[int], params: PoolingParams, config: PoolerConfig) -> None:
+    """The input fits: the engine's context, which a sentence-transformers directory's
+    `max_seq_length` caps (as vLLM; sentence-transformers would silently truncate), its pool."""
     if engine.pooler_config is None:
         raise ValueError("this model runs as a generative model; start it with runner='pooling' to embed")
     if not ids:
@@ -119,7 +121,7 @@ def check_pooling_request(engine, ids: list[int], params: PoolingParams, config:
     limit = engine.max_model_len
     if len(ids) > limit:
         raise ValueError(f"the input has {len(ids)} tokens, more than the model's context of {limit} tokens "
-                         "(set truncate_prompt_tokens to truncate it)")
+                         f"(set truncate_prompt_tokens to truncate it: -1 keeps the first {limit})")
     if params.dimensions is not None:
         config.check_dimensions(params.dimensions, engine.model_config.hidden_size)
     blocks = cdiv(len(ids), engine.config.block_size)
@@ -129,13 +131,20 @@ def check_pooling_request(engine, ids: list[int], params: PoolingParams, config:
 
 def prepare_pooling(engine, prompt, params: PoolingParams) -> tuple[str | None, list[int]]:
     """The input's text and token ids (the model's default sentence-transformers prompt put
-    before text, then truncated as asked), checked; raises ValueError for one never served."""
+    before text, lowercased where the model says `do_lower_case`, then cut as asked:
+    `engine.pooling_truncation`), checked; raises ValueError for one never served."""
     params.validate()
     config = engine.pooler_config
-    if isinstance(prompt, str) and config is not None and config.default_prompt:
+    if isinstance(prompt, str) and config is not None:
         prompt = config.default_prompt + prompt
+        if config.do_lower_case:
+            prompt = prompt.lower()
     text, ids = engine.tokenize(prompt)
-    ids = truncate_prompt(ids, params.truncate_prompt_tokens, engine.max_model_len)
+    keep = kept_tokens(params.truncate_prompt_tokens, engine.max_model_len)
+    if keep is not None and len(ids) > keep:
+        given_ids = isinstance(prompt, dict) and "prompt_token_ids" in prompt
+        plain = None if given_ids else engine.tokenizer(text, add_special_tokens=False).input_ids
+        ids = cut(ids, keep, params.truncation_side, plain)
     check_pooling_request(engine, ids, params, config)
     return text, ids
 

@@ -1,19 +1,24 @@
 """A leaner forward pass for CPU steps made only of pooling prompts.
 
-Each sequence's attention runs on the K/V just computed (one SDPA call per sequence) instead of
-gathering them back from the paged cache; only a chunk that continues a prompt (chunked prefill,
+Each sequence's attention runs on the K/V just computed (SDPA per sequence, its queries in pieces
+of `QUERY_PIECE` rows: CPU SDPA's flash kernel runs causal attention ~1.5x faster that way) instead
+of gathering them back from the paged cache; only a chunk that continues a prompt (chunked prefill,
 or a prefix-cache hit) reads its earlier positions from the cache. The cache is written only when
 something will read it (prefix caching on, or a prompt that continues in a later chunk).
 
-The step runs in groups of whole sequences of about `CPU_GROUP_TOKENS` tokens.
+The step runs in groups of whole sequences of about `CPU_GROUP_TOKENS` tokens. In the last layer
+only the rows that pooling reads go on past attention (the last token for last-token pooling, the
+first for CLS, all for mean): the other rows' o_proj, MLP and final norm are skipped, their K/V
+still serve the kept rows' attention.
 
-With `PRUNE_LAST_LAYER` (off by default: see there), in the last layer only the rows that pooling
-reads go on past attention (the last token for last-token pooling, the first for CLS, all for
-mean): the other rows' o_proj, MLP and final norm are skipped, their K/V still serve the kept
-rows' attention.
+A vector does not depend on what its sequence was batched with, bit for bit (the worker's vectors
+equal the offline engine's): every GEMM runs on at least `MIN_GEMM_ROWS` rows, where the CPU BLAS
+computes each row as it would in any larger GEMM (below, e.g. 1 to 11 rows on two threads, it
+takes other kernels that round differently), and attention is per sequence.
 
-The layers' own modules (projections, norms, rotary, MLP) do the work, in the order of
-`engine.models.llama`; a model without that structure takes the generic path (`supports`)."""
+The layers' own modules (norms, rotary) and weights do the work, in the order of
+`engine.models.llama`, the GEMMs through oneDNN with packed weights on the CPU (`engine.cpu_linear`); a
+model without that structure takes the generic path (`supports`)."""
 
 from __future__ import annotations
 
@@ -29,15 +34,22 @@ from engine.scheduler import ScheduledBatch
 # cheaper per token than one pass over an 8192-token step (measured: bench.embeddings).
 CPU_GROUP_TOKENS = 1024
 
-# Off: the last layer's GEMMs on a handful of pooled rows round differently from the same rows
-# in a full GEMM, so a vector would depend on what it was batched with (the worker's and the
-# offline engine's vectors must be bitwise equal: tests/test_platform_embeddings.py). On, it
-# saves the last layer's o_proj and MLP for the other rows.
-PRUNE_LAST_LAYER = False
+# Queries per SDPA call (pieces end at multiples of it in prompt positions, so that a prompt's
+# pieces are the same whether it starts at 0 or continues from cached blocks): 32 rows run CPU
+# SDPA's flash kernel 1.3-1.6x faster than whole sequences of 128-512 tokens (float32, one thread).
+QUERY_PIECE = 32
+MIN_QUERY_ROWS = 4  # see _sdpa
+
+# The fewest rows a GEMM runs on (padded below it with rows nothing reads): see the module's docstring.
+MIN_GEMM_ROWS = 16
+
+# Pooled rows only past the last layer's attention (batch-invariant: MIN_GEMM_ROWS).
+PRUNE_LAST_LAYER = True
 
 _LAYER_PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
-_ATTN_PARTS = ("layer", "project_qkv", "o_proj", "ops", "num_heads", "num_kv_heads", "head_dim", "q_size",
-               "scale")
+_ATTN_PARTS = ("layer", "qkv_proj", "split_qkv", "o_proj", "ops", "num_heads", "num_kv_heads", "head_dim",
+               "q_size", "scale")
+_MLP_PARTS = ("gate_up_proj", "down_proj", "ops")
 
 
 def supports(model) -> bool:
@@ -46,7 +58,8 @@ def supports(model) -> bool:
     if layers is None or not hasattr(inner, "embed_tokens") or not hasattr(inner, "norm"):
         return False
     return all(hasattr(layer, p) for layer in layers for p in _LAYER_PARTS) and all(
-        hasattr(layer.self_attn, p) for layer in layers for p in _ATTN_PARTS)
+        hasattr(layer.self_attn, p) for layer in layers for p in _ATTN_PARTS) and all(
+        hasattr(layer.mlp, p) for layer in layers for p in _MLP_PARTS)
 
 
 def applies(runner, batch: ScheduledBatch) -> bool:
@@ -96,62 +109,91 @@ def _groups(batch: ScheduledBatch, group_tokens: int):
         yield seqs, counts, first
 
 
+def _padded(rows: int) -> int:
+    return max(rows, MIN_GEMM_ROWS)
+
+
 def _forward(model, input_ids, inputs, spans, keep: list[int], write_kv: bool) -> torch.Tensor:
     """Final hidden states of the kept rows, in batch order."""
     inner = model.model
+    tokens = input_ids.shape[0]
+    positions = inputs.positions
+    if _padded(tokens) > tokens:  # a tiny group: zero rows (token 0 at position 0) that nothing reads
+        pad = _padded(tokens) - tokens
+        input_ids = F.pad(input_ids, (0, pad))
+        positions = F.pad(positions, (0, pad))
     x = inner.embed_tokens(input_ids)
     residual = None
     last = len(inner.layers) - 1
-    keep_index = None
-    if len(keep) < x.shape[0]:
-        keep_index = torch.tensor(keep, dtype=torch.long, device=x.device)
+    masks: dict[tuple[int, int], torch.Tensor] = {}
+    prune = None
+    if PRUNE_LAST_LAYER and len(keep) < tokens:
+        prune = torch.tensor(keep + [0] * (_padded(len(keep)) - len(keep)), dtype=torch.long, device=x.device)
     for i, layer in enumerate(inner.layers):
         if residual is None:
             residual, x = x, layer.input_layernorm(x)
         else:
             x, residual = layer.input_layernorm(x, residual)
-        pruned = PRUNE_LAST_LAYER and i == last and keep_index is not None
-        x = _attention(layer.self_attn, x, model.cos_sin, inputs, spans, keep_index if pruned else None, write_kv)
-        if pruned:
-            residual = residual[keep_index]
+        pruned = prune if i == last else None
+        x = _attention(layer.self_attn, x, model.cos_sin, positions, inputs, spans, pruned, write_kv, masks)
+        if pruned is not None:
+            residual = residual[pruned]
         x, residual = layer.post_attention_layernorm(x, residual)
-        x = layer.mlp(x)
+        mlp = layer.mlp
+        x = mlp.down_proj(mlp.ops.silu_and_mul(mlp.gate_up_proj(x)))
     x, _ = inner.norm(x, residual)
-    return x if PRUNE_LAST_LAYER or keep_index is None else x[keep_index]
+    if prune is not None:
+        return x[: len(keep)]
+    return x[keep] if len(keep) < x.shape[0] else x
 
 
-def _attention(attn, x, cos_sin, inputs, spans, keep_index, write_kv: bool) -> torch.Tensor:
-    tokens = x.shape[0]
-    q, k, v = attn.project_qkv(x, inputs.positions, cos_sin)
+def _attention(attn, x, cos_sin, positions, inputs, spans, pruned, write_kv: bool, masks: dict) -> torch.Tensor:
+    """o_proj of the attention of every row of `x`, or (`pruned`: the kept rows' indices, padded)
+    of the kept rows only, with zero rows for the padding."""
+    q, k, v = attn.split_qkv(attn.qkv_proj(x), positions, cos_sin)
+    tokens = inputs.slot_mapping.shape[0]  # the real rows; those past them are padding
     if write_kv:
         k_cache, v_cache = inputs.kv_caches[attn.layer]
-        attn.ops.write_kv_cache(k, v, k_cache, v_cache, inputs.slot_mapping)
-    rows = tokens if keep_index is None else keep_index.shape[0]
-    out = q.new_empty((rows, attn.num_heads, attn.head_dim))
+        attn.ops.write_kv_cache(k[:tokens], v[:tokens], k_cache, v_cache, inputs.slot_mapping)
+    rows = x.shape[0] if pruned is None else pruned.shape[0]
+    out = q.new_zeros((rows, attn.num_heads, attn.head_dim))
     gqa = attn.num_heads != attn.num_kv_heads
     done = 0
     for span in spans:
         first, start = span.first, span.start
-        a, b = (0, span.n) if keep_index is None else (span.kept.start, span.kept.stop)
+        a, b = (0, span.n) if pruned is None else (span.kept.start, span.kept.stop)
         if a == b:
             continue
         # the queries at chunk rows [a, b) see the prompt's positions [0, start + b) causally
-        qs = q[first + a : first + b].transpose(0, 1).unsqueeze(0)
         ks, vs = k[first : first + b], v[first : first + b]
         if start:
             ks = torch.cat((_cached(inputs.kv_caches[attn.layer][0], span), ks))
             vs = torch.cat((_cached(inputs.kv_caches[attn.layer][1], span), vs))
         ks, vs = ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0)
-        if b - a == 1:  # one query row: every key is before it
-            o = F.scaled_dot_product_attention(qs, ks, vs, scale=attn.scale, enable_gqa=gqa)
-        elif start == 0 and a == 0:
-            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=attn.scale, enable_gqa=gqa)
-        else:
-            mask = _bottom_right_causal(b - a, start + b, qs.dtype, qs.device)
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=attn.scale, enable_gqa=gqa)
-        out[done : done + b - a] = o[0].transpose(0, 1)
-        done += b - a
+        p = a
+        while p < b:  # pieces end at multiples of QUERY_PIECE prompt positions
+            pe = min(b, (start + p) // QUERY_PIECE * QUERY_PIECE + QUERY_PIECE - start)
+            qs = q[first + p : first + pe].transpose(0, 1).unsqueeze(0)
+            keys = start + pe
+            o = _sdpa(qs, ks[:, :, :keys], vs[:, :, :keys], attn.scale, gqa, masks)
+            out[done : done + pe - p] = o[0].transpose(0, 1)
+            done += pe - p
+            p = pe
     return attn.o_proj(out.reshape(rows, attn.q_size))
+
+
+def _sdpa(qs, ks, vs, scale: float, gqa: bool, masks: dict) -> torch.Tensor:
+    """Attention of queries [1, heads, q, dim] at the last q of the keys' positions, causally. With
+    fewer than MIN_QUERY_ROWS queries the last is repeated up to it: with 1 or 3, CPU SDPA takes a
+    path whose result depends on the thread count (the worker's and the offline engine's differ)."""
+    q_len, keys = qs.shape[2], ks.shape[2]
+    rows = max(q_len, MIN_QUERY_ROWS)
+    if rows > q_len:
+        qs = torch.cat((qs, qs[:, :, -1:].expand(-1, -1, rows - q_len, -1)), dim=2)
+    mask = masks.get((q_len, keys))
+    if mask is None:
+        mask = masks[q_len, keys] = _bottom_right_causal(q_len, keys, rows, qs.dtype, qs.device)
+    return F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=gqa)[:, :, :q_len]
 
 
 @dataclass(frozen=True)
@@ -170,9 +212,10 @@ def _cached(cache: torch.Tensor, span: _Span) -> torch.Tensor:
     return cache.index_select(0, blocks).flatten(0, 1)[: span.start]
 
 
-def _bottom_right_causal(q_len: int, length: int, dtype, device) -> torch.Tensor:
-    """[1, 1, q_len, length] additive mask: query i (position length - q_len + i) sees keys <= it.
-    4-D and additive, which keeps CPU SDPA on its flash kernel."""
-    q_pos = torch.arange(length - q_len, length, device=device)
+def _bottom_right_causal(q_len: int, length: int, rows: int, dtype, device) -> torch.Tensor:
+    """[1, 1, rows, length] additive mask: query i < q_len (position length - q_len + i) sees keys
+    <= it, the rows past q_len (repeats of the last query) as the last. 4-D and additive, which
+    keeps CPU SDPA on its flash kernel."""
+    q_pos = torch.arange(length - q_len, length - q_len + rows, device=device).clamp_(max=length - 1)
     keep = torch.arange(length, device=device)[None, :] <= q_pos[:, None]
     return torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill_(~keep, float("-inf"))[None, None]

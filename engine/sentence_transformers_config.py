@@ -1,6 +1,7 @@
 """How a model directory says to pool: sentence-transformers' files (`modules.json`,
-`1_Pooling/config.json`, `config_sentence_transformers.json`, `sentence_bert_config.json`)
-and the Matryoshka declaration in `config.json` (torch-free).
+`1_Pooling/config.json`, `config_sentence_transformers.json`) and the Matryoshka declaration in
+`config.json` (torch-free). From `sentence_bert_config.json`, `do_lower_case` is read here; its
+`max_seq_length` caps the context length, read in `engine.model_info`.
 
 Supported: one Transformer module, then Pooling (last-token, mean or CLS), then an optional
 Normalize. Anything else (Dense heads, max pooling, weighted means) is refused by name."""
@@ -27,7 +28,7 @@ class PoolerConfig:
     default_prompt_name: str | None = None
     matryoshka_dimensions: list[int] | None = None  # None: any size up to hidden (is_matryoshka)
     is_matryoshka: bool = False
-    max_seq_length: int | None = None  # sentence-transformers truncates inputs to this
+    do_lower_case: bool = False  # texts are lowercased before tokenizing (after the default prompt)
     from_sentence_transformers: bool = False
 
     @property
@@ -122,5 +123,5 @@ def read_pooler_config(path: Path, raw_config: dict) -> PoolerConfig:
         cfg.default_prompt_name = st.get("default_prompt_name")
     bert_file = path / "sentence_bert_config.json"
     if bert_file.is_file():
-        cfg.max_seq_length = _read_json(bert_file).get("max_seq_length")
+        cfg.do_lower_case = bool(_read_json(bert_file).get("do_lower_case", False))
     return cfg

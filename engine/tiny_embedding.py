@@ -17,11 +17,15 @@ POOLING_MODES = {"last": "pooling_mode_lasttoken", "mean": "pooling_mode_mean_to
 
 def write_tiny_embedding_model(path, arch: str = "qwen3", pooling: str = "last", normalize: bool = True,
                                seed: int = 0, matryoshka_dimensions: list[int] | None = None,
-                               default_prompt: str | None = None, with_lm_head: bool = False, **overrides) -> Path:
+                               default_prompt: str | None = None, with_lm_head: bool = False,
+                               max_seq_length: int | None = None, closing_eos: bool = False,
+                               do_lower_case: bool = False, **overrides) -> Path:
     """Create `path` as a sentence-transformers directory; returns the path. `pooling`: last,
     mean or cls. `matryoshka_dimensions` declares Matryoshka support in config.json (as vLLM reads
     it); `default_prompt` becomes the default prompt that sentence-transformers puts before inputs;
-    `with_lm_head` saves the causal LM (head included), which can then generate too."""
+    `with_lm_head` saves the causal LM (head included), which can then generate too;
+    `max_seq_length` (default: the position limit) and `do_lower_case` go to `sentence_bert_config.json`;
+    `closing_eos`: the tokenizer ends every text with its EOS token, as Qwen3-Embedding's does."""
     from transformers import AutoModel, AutoModelForCausalLM
 
     if pooling not in POOLING_MODES:
@@ -35,7 +39,13 @@ def write_tiny_embedding_model(path, arch: str = "qwen3", pooling: str = "last",
     torch.manual_seed(seed)
     model = (AutoModelForCausalLM if with_lm_head else AutoModel).from_config(config, dtype=torch.float32)
     model.save_pretrained(path)
-    build_tokenizer(config.vocab_size).save_pretrained(path)
+    tokenizer = build_tokenizer(config.vocab_size)
+    if closing_eos:
+        from tokenizers.processors import TemplateProcessing
+
+        eos = (tokenizer.eos_token, tokenizer.eos_token_id)
+        tokenizer.backend_tokenizer.post_processor = TemplateProcessing(single=f"$A {eos[0]}", special_tokens=[eos])
+    tokenizer.save_pretrained(path)
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
     if normalize:
@@ -54,7 +64,8 @@ def write_tiny_embedding_model(path, arch: str = "qwen3", pooling: str = "last",
                  "similarity_fn_name": "cosine"}
     (path / "config_sentence_transformers.json").write_text(json.dumps(st_config, indent=2))
     (path / "sentence_bert_config.json").write_text(
-        json.dumps({"max_seq_length": config.max_position_embeddings, "do_lower_case": False}))
+        json.dumps({"max_seq_length": max_seq_length or config.max_position_embeddings,
+                    "do_lower_case": do_lower_case}))
     meta = {"note": "tiny random-weight embedding model written by engine.tiny_embedding", "arch": arch,
             "pooling": pooling, "seed": seed}
     (path / "pagedbatch_tiny.json").write_text(json.dumps(meta))

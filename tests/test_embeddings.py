@@ -211,9 +211,13 @@ def test_truncate_prompt_tokens_and_too_long_inputs(embedding_model):
     with pytest.raises(ValueError, match="prompt 1: the input has 100 tokens, more than the model's context of 64"):
         llm.embed([{"prompt_token_ids": ids[:5]}, {"prompt_token_ids": ids}], use_tqdm=False)
     assert_pool_free(llm.llm_engine)  # nothing of the batch ran
-    (cut,) = embed(llm, [{"prompt_token_ids": ids}], truncate_prompt_tokens=30)
+    (cut,) = embed(llm, [{"prompt_token_ids": ids}], truncate_prompt_tokens=30)  # the first 30, as vLLM pools
+    (head,) = embed(llm, [{"prompt_token_ids": ids[:30]}])
     (tail,) = embed(llm, [{"prompt_token_ids": ids[-30:]}])
-    assert_close([cut], [tail])
+    assert_close([cut], [head])
+    left = PoolingParams(truncate_prompt_tokens=30, truncation_side="left")
+    assert_close(embed(llm, [{"prompt_token_ids": ids}], pooling_params=left), [tail])
+    assert cosines([cut], [tail])[0] < 0.999  # the two cuts differ
 
 
 def test_runner_mismatches_are_clear_errors(embedding_model, tiny_model, tmp_path):
@@ -358,3 +362,30 @@ def test_pooling_only_steps_take_the_lean_forward_and_match_the_generic_one(embe
     generic = embed(LLM(str(path), max_num_batched_tokens=64, num_kv_blocks=64), inputs)
     assert not calls
     assert cosines(lean, generic).min() >= 0.99999
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
+def test_a_vector_does_not_depend_on_its_batch_its_cached_prefix_or_threads(embedding_model, pooling):
+    """Bit for bit, an input's vector alone equals its vector among others in any order, after
+    part of it was cached, and on another number of intra-op threads (a worker batches lines that
+    the offline engine embeds one call at a time, and runs its own threads), tiny inputs included;
+    with the GEMMs through oneDNN."""
+    path = embedding_model("llama", pooling)
+    inputs = ["hi", "a b", "paged attention"] + texts(seed=11, count=10)
+    llm = LLM(str(path), num_kv_blocks=256, enable_prefix_caching=False)
+    alone = np.asarray([embed(llm, [x])[0] for x in inputs])
+    before = torch.get_num_threads()
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        try:
+            np.testing.assert_array_equal(np.asarray(embed(llm, inputs)), alone)
+            np.testing.assert_array_equal(np.asarray(embed(llm, inputs[::-1])[::-1]), alone)
+            cached = LLM(str(path), num_kv_blocks=256, enable_prefix_caching=True)
+            embed(cached, [x + " and then a longer tail of words" for x in inputs])
+            outs = cached.embed(inputs, use_tqdm=False)
+            np.testing.assert_array_equal(np.asarray([o.outputs.embedding for o in outs]), alone)
+            if pooling == "last":
+                assert sum(o.num_cached_tokens for o in outs) > 100  # continued from cached prefixes
+        finally:
+            torch.set_num_threads(before)
+    assert_close(alone, st_encode(path, inputs))

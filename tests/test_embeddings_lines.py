@@ -45,6 +45,7 @@ def test_input_forms(value, texts, ids):
     ({"input": "x", "dimensions": 0}, INVALID_PARAMETER, "dimensions must be a positive integer"),
     ({"input": "x", "dimensions": True}, INVALID_PARAMETER, "dimensions"),
     ({"input": "x", "user": 5}, INVALID_PARAMETER, "user must be a string"),
+    ({"input": "x", "truncation_side": "middle"}, INVALID_PARAMETER, "truncation_side must be 'left' or 'right'"),
     ({"input": "x", "temperature": 1}, INVALID_PARAMETER, "unrecognized embeddings parameter 'temperature'"),
 ])
 def test_bad_bodies_are_line_errors(body, code, message):
@@ -57,8 +58,9 @@ def test_context_and_line_token_limits():
     with pytest.raises(InvalidLine, match=r"input\[1\] is 70 tokens; the model's context length is 64") as info:
         fit_inputs([[1] * 10, [1] * 70], 64, None)
     assert info.value.code == CONTEXT_LENGTH_EXCEEDED
-    assert fit_inputs([[1] * 10, list(range(70))], 64, 5) == [[1] * 5, list(range(65, 70))]
-    assert fit_inputs([list(range(70))], 64, -1) == [list(range(6, 70))]
+    assert fit_inputs([[1] * 10, list(range(70))], 64, 5) == [[1] * 5, list(range(5))]  # the first, as vLLM
+    assert fit_inputs([[1] * 10, list(range(70))], 64, 5, "left") == [[1] * 5, list(range(65, 70))]
+    assert fit_inputs([list(range(70))], 64, -1) == [list(range(64))]
     with pytest.raises(InvalidLine, match="exceeds the model's context"):
         fit_inputs([[1]], 64, 65)
     with pytest.raises(InvalidLine, match="at most 300,000 per request"):
@@ -131,7 +133,7 @@ def test_embedding_lines_validate_run_and_land_in_parquet_and_jsonl(tmp_path, ti
                       "gen": "invalid_url"}
     requests = [decode_request(it.shard_line) for it in items if not isinstance(it, BadLine)]
     assert [r.custom_id for r in requests] == ["one", "many", "ids", "cut"]
-    assert requests[3].inputs == [list(range(150, 200))]
+    assert requests[3].inputs == [list(range(1, 51))]
 
     llm = LLM(str(emb), num_kv_blocks=64)  # the offline engine: the reference vectors
     expected = [
@@ -139,7 +141,7 @@ def test_embedding_lines_validate_run_and_land_in_parquet_and_jsonl(tmp_path, ti
         [o.outputs.embedding for o in llm.embed(["first text", "a second, longer text"], use_tqdm=False)],
         [o.outputs.embedding for o in llm.embed([{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [8, 9]}],
                                                 pooling_params=PoolingParams(dimensions=16), use_tqdm=False)],
-        [o.outputs.embedding for o in llm.embed([{"prompt_token_ids": list(range(150, 200))}], use_tqdm=False)],
+        [o.outputs.embedding for o in llm.embed([{"prompt_token_ids": list(range(1, 51))}], use_tqdm=False)],
     ]
     host = EngineHost(lambda: LLMEngine(str(emb), num_kv_blocks=64))
     try:

@@ -71,8 +71,12 @@ class Attention(nn.Module):
 
     def project_qkv(self, x: torch.Tensor, positions, cos_sin: torch.Tensor):
         """Queries, keys and values of `x` ([tokens, heads, head_dim]), normed and rotated."""
-        tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        return self.split_qkv(self.qkv_proj(x), positions, cos_sin)
+
+    def split_qkv(self, qkv: torch.Tensor, positions, cos_sin: torch.Tensor):
+        """`project_qkv` from the fused projection `qkv` (the lean pooling forward computes it itself)."""
+        tokens = qkv.shape[0]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(tokens, self.num_heads, self.head_dim)
         k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
