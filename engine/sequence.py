@@ -52,6 +52,7 @@ class Sequence:
         self.arrival = arrival or time.time()
         self.first_token_time: float | None = None
         self.num_preemptions = 0
+        self.priority = 0  # the request's priority under scheduling_policy="priority": lower runs first
         self.pooling = None  # an embedding request's engine.pooling.PoolingState
 
     def __len__(self) -> int:
