@@ -9,7 +9,7 @@ from collections import Counter
 
 from engine import LLMEngine, SamplingParams
 from workers.engine_host import EngineHost
-from workers.fair_share import FairShare, parse_weights
+from workers.fair_share import FairShare
 
 
 def test_big_tenants_pause_beside_a_small_one_while_time_is_saved_up():
@@ -29,7 +29,7 @@ def test_big_tenants_pause_beside_a_small_one_while_time_is_saved_up():
     assert fair.to_pause(running) == {"a"}  # saved up to burst_s (0.5 s) only
     fair.stepped(0.02, paused=True)
     assert fair.to_pause(running) == set()
-    weighted = FairShare(weights=parse_weights("a=100"), slice_ratio=1.0)
+    weighted = FairShare(weights={"a": 100.0}, slice_ratio=1.0)
     weighted.stepped(0.1, paused=False)
     assert weighted.to_pause(running) == set()  # per weight, A holds 2.4 to B's 4
     off = FairShare(slice_ratio=0.0)

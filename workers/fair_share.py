@@ -1,11 +1,13 @@
 """Fair share across tenants inside one worker: which waiting request enters the engine next.
 
 Requests wait in one queue per tenant. When the engine has room, the next request comes from the tenant
-with the fewest requests in the engine per unit of weight (PAGEDBATCH_TENANT_WEIGHTS, e.g. "a=2,b=1";
-default 1), the oldest first within a tenant. A few engine slots (`reserve`) are kept for tenants that
-hold less than the rest, so that a small job of one tenant starts at once beside a large job of another
-instead of waiting for the large job's running requests to finish. PAGEDBATCH_FAIR_SHARE=0 turns it off:
-every request enters the engine at once, first come first served.
+with the fewest requests in the engine per unit of weight (the tenant's `weight` in the database, set with
+`pagedbatch tenants set NAME --weight W` and carried with each shard's requests; default 1). Within a
+tenant, the job's `priority` orders its queue (vLLM's meaning: a lower value first; default 0), then the
+oldest first: priority never crosses tenants, where the weights rule. A few engine slots (`reserve`) are
+kept for tenants that hold less than the rest, so that a small job of one tenant starts at once beside a
+large job of another instead of waiting for the large job's running requests to finish.
+PAGEDBATCH_FAIR_SHARE=0 turns it off: every request enters the engine at once, first come first served.
 
 Admission alone is not enough: a step's cost grows with its batch, so a small job's few requests
 decoding beside a large job's hundreds wait for the large batch at every token. So the engine is time
@@ -19,21 +21,19 @@ least 1/(1 + slice) of the engine's time, whatever the small ones send.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import os
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
 
 SMALL_FACTOR = 4  # a tenant holding at most 1/4 of what another holds (per weight) gets steps of its own
 
 
-def parse_weights(spec: str) -> dict[str, float]:
-    weights = {}
-    for item in filter(None, (part.strip() for part in spec.split(","))):
-        tenant, sep, value = item.partition("=")
-        if not sep or float(value) <= 0:
-            raise ValueError(f"bad tenant weight {item!r}; expected TENANT=POSITIVE_NUMBER")
-        weights[tenant.strip()] = float(value)
-    return weights
+def check_weight(weight) -> float:
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight < float("inf"):
+        raise ValueError(f"a tenant's weight is a positive number, got {weight!r:.40}")
+    return float(weight)
 
 
 @dataclass
@@ -41,10 +41,11 @@ class FairShare:
     enabled: bool = True
     capacity: int = 256  # requests in the engine at once (the engine's max_num_seqs)
     reserve: int = 16  # of those, kept for tenants holding fewer than the others
-    weights: dict[str, float] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)  # tenants' weights (absent: 1), as last pushed
     slice_ratio: float = 1.0  # seconds of paused stepping earned per second of unpaused stepping
     burst_s: float = 0.5  # at most this much of it saved up
-    _queues: dict[str, deque] = field(default_factory=dict)
+    _queues: dict[str, list] = field(default_factory=dict)  # tenant -> heap of (priority, order, request id)
+    _order: itertools.count = field(default_factory=itertools.count)
     _credit: float = 0.0
 
     @classmethod
@@ -55,13 +56,16 @@ class FairShare:
             enabled=env.get("PAGEDBATCH_FAIR_SHARE", "1") != "0",
             capacity=capacity,
             reserve=max(0, min(reserve, capacity - 1)),
-            weights=parse_weights(env.get("PAGEDBATCH_TENANT_WEIGHTS", "")),
             slice_ratio=max(0.0, float(env.get("PAGEDBATCH_FAIR_SLICE") or 1.0)),
             burst_s=max(0.0, float(env.get("PAGEDBATCH_FAIR_BURST_S") or 0.5)),
         )
 
-    def push(self, tenant: str, request_id: str) -> None:
-        self._queues.setdefault(tenant, deque()).append(request_id)
+    def push(self, tenant: str, request_id: str, priority: int = 0, weight: float | None = None) -> None:
+        """Queue a request of `tenant`: `priority` orders the tenant's queue (lower first, then the oldest);
+        `weight` becomes the tenant's weight (None keeps it: 1 unless one was pushed)."""
+        if weight is not None:
+            self.weights[tenant] = check_weight(weight)
+        heapq.heappush(self._queues.setdefault(tenant, []), (priority, next(self._order), request_id))
 
     def waiting(self) -> int:
         return sum(len(q) for q in self._queues.values())
@@ -79,10 +83,17 @@ class FairShare:
         if in_engine >= self.capacity - self.reserve and holds_most:
             return None  # the reserve is for a tenant that holds less
         queue = self._queues[tenant]
-        request_id = queue.popleft()
+        request_id = heapq.heappop(queue)[2]
         if not queue:
             del self._queues[tenant]
+            self._forget_idle(running, keep=tenant)
         return tenant, request_id
+
+    def _forget_idle(self, running: Counter, keep: str) -> None:
+        """Drop the weights of tenants with nothing queued or running (they come back with their next push),
+        so that the map holds no more tenants than the worker serves."""
+        for tenant in [t for t in self.weights if t != keep and t not in self._queues and not running[t]]:
+            del self.weights[tenant]
 
     def to_pause(self, running: Counter) -> set[str]:
         """Tenants whose requests sit out the next step (see the module's docstring); `running` as in next()."""
