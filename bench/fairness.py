@@ -1,5 +1,6 @@
 """Fair share across tenants in one worker: tenant B's small-job latency while tenant A's 512-request job
-runs, first come first served (PAGEDBATCH_FAIR_SHARE=0) and with fair share, in one run.
+runs, first come first served (PAGEDBATCH_FAIR_SHARE=0), with fair share, and with fair share's step
+windows off (PAGEDBATCH_FAIR_STEP_FACTOR=0), in one run.
 
     python -m bench.fairness [--model PATH] [--device cpu] [--a-tokens 128] [--threads N]
 
@@ -13,10 +14,9 @@ engine loop, as a worker's shard tasks are (`workers.priority`). Target (issue 1
 
 With fair share, B's loaded latency is B's own steps (A paused, as fast as when idle) plus what is left of
 the A step under way when B arrives: a step is never interrupted. On CPU a step's cost grows with its batch
-and its context, so an A step of 240 requests (5 ms at 4 tokens of context, 20 ms at 130 on the tiny model)
-outlasts B's whole job (4 steps, about 3.5 ms): the ratio is about 1 + (what is left of an A step) / (B's
-job), 2-3.5x on the tiny model; on a GPU, where a bigger batch costs little more, an A step is about one of
-B's steps.
+and its context (on the tiny model, 240 of A's requests step in 5 ms at 4 tokens of context, 20 ms at 130),
+so an A step can outlast B's whole job (4 steps, about 3.5 ms). Hence fair share's step windows
+(PAGEDBATCH_FAIR_STEP_FACTOR, default 4): the third row turns them off to show what they buy and cost.
 """
 
 from __future__ import annotations
@@ -64,8 +64,9 @@ def _engine(model: str, device: str, threads: int) -> LLMEngine:
     return LLMEngine(model=model, device=device)
 
 
-def measure(model: str, device: str, fair: bool, a_tokens: int, threads: int = 0) -> dict:
+def measure(model: str, device: str, fair: bool, a_tokens: int, threads: int = 0, step_factor: float = 4) -> dict:
     os.environ["PAGEDBATCH_FAIR_SHARE"] = "1" if fair else "0"
+    os.environ["PAGEDBATCH_FAIR_STEP_FACTOR"] = str(step_factor)
     host = EngineHost(lambda: _engine(model, device, threads))
     results: list[dict] = []
     try:
@@ -76,7 +77,8 @@ def measure(model: str, device: str, fair: bool, a_tokens: int, threads: int = 0
         host.close()
     if not results:
         raise RuntimeError("the benchmark's client thread failed (see its traceback above)")
-    return {"mode": "fair share" if fair else "first come first served", **results[0]}
+    mode = "first come first served" if not fair else "fair share" if step_factor else "fair share, unsplit steps"
+    return {"mode": mode, **results[0]}
 
 
 def _run_jobs(host: EngineHost, a_tokens: int) -> dict:
@@ -113,6 +115,7 @@ def main() -> None:
 
         model = str(write_tiny_model(os.path.join(tempfile.mkdtemp(), "tiny"), arch="qwen3"))
     rows = [measure(model, args.device, fair, args.a_tokens, args.threads) for fair in (False, True)]
+    rows.append(measure(model, args.device, True, args.a_tokens, args.threads, step_factor=0))
     print(f"A: {A_REQUESTS} requests x {args.a_tokens} tokens; B: {B_REQUESTS} requests x {B_TOKENS} tokens\n")
     print("| admission | B idle (s) | B while A runs (s) | ratio | B's runs while A runs | slowest of them (s) "
           "| A's requests done before B's first | A's job (s) |")  # fmt: skip

@@ -166,20 +166,28 @@ class EngineHost:
                     self._add(request_id)
                     running[tenant] += request_id in self._in_engine
 
-    def _pause(self) -> bool:
-        """Fair share's time slicing: tell the engine whose requests sit out the next step; True if any do."""
+    def _pause(self) -> tuple[bool, int]:
+        """Fair share's time slicing: tell the engine whose requests sit out the next step. Returns whether
+        some do for a smaller tenant's sake, and how many requests step."""
         pause = getattr(self.engine, "pause_requests", None)
         if pause is None:
-            return False
+            return False, len(self._in_engine)
         with self._lock:
-            tenants = set()
+            tenants, split = set(), set()
             if not self._isolating():
                 tenants = self._fair.to_pause(Counter(self._tenant_of.get(rid) for rid in self._in_engine))
             ids = [rid for rid in self._in_engine if self._tenant_of.get(rid) in tenants]
-        if ids or self._paused_any:
-            pause(ids)
-        self._paused_any = bool(ids)
-        return self._paused_any
+            if not self._isolating() and self._fair.step_factor > 0:
+                stepping: dict[str, list[str]] = {}
+                for rid in self._in_engine:
+                    if (tenant := self._tenant_of.get(rid)) not in tenants:
+                        stepping.setdefault(tenant, []).append(rid)
+                split = self._fair.to_split(stepping)
+            count = len(self._in_engine) - len(ids) - len(split)
+        if ids or split or self._paused_any:
+            pause([*ids, *split])
+        self._paused_any = bool(ids or split)
+        return bool(ids), count
 
     def _add(self, request_id: str) -> None:
         """Put a known request into the engine (under the lock); a rejected one fails alone."""
@@ -229,7 +237,7 @@ class EngineHost:
                 self._wake.wait(self.idle_wait_s)
                 self._wake.clear()
                 continue
-            paused = self._pause()
+            paused, stepping = self._pause()
             started = time.perf_counter()
             try:
                 outputs = self.engine.step()
@@ -239,7 +247,7 @@ class EngineHost:
                 self._step_failed(exc)
                 continue
             elapsed = time.perf_counter() - started
-            self._fair.stepped(elapsed, paused)
+            self._fair.stepped(elapsed, paused, stepping)
             if self.observer is not None:
                 self.observer.step_done(outputs, elapsed)
             for output in outputs:

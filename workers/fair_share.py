@@ -17,6 +17,15 @@ and the small tenants' steps run alone, for as long as the time the big tenants'
 PAGEDBATCH_FAIR_SLICE (default 1, 0 turns pausing off) seconds of paused stepping per second of
 unpaused stepping, at most PAGEDBATCH_FAIR_BURST_S (default 0.5) saved up. The big tenants thus keep at
 least 1/(1 + slice) of the engine's time, whatever the small ones send.
+
+A step is never interrupted, so a newcomer also waits for the step under way, which where a step's cost
+grows with its batch (a small model on CPU) can last several times the newcomer's whole job. So the
+requests of a big tenant (holding more than a quarter of the engine) step in a rotating window sized to make
+a step last about PAGEDBATCH_FAIR_STEP_FACTOR (default 4; 0 turns it off) times the engine's fixed cost per
+step, both measured (the smoothed duration of small steps, and the cost of each request more); the others
+keep their KV and sit the step out. Each window pays the fixed cost again, so at most about 1/factor of the
+big tenants' throughput goes, for a newcomer's wait bounded by about `factor` fixed costs. Where a step's
+cost hardly grows with its batch (a GPU, a big model) the window exceeds the engine: nothing is split.
 """
 
 from __future__ import annotations
@@ -44,9 +53,14 @@ class FairShare:
     weights: dict[str, float] = field(default_factory=dict)  # tenants' weights (absent: 1), as last pushed
     slice_ratio: float = 1.0  # seconds of paused stepping earned per second of unpaused stepping
     burst_s: float = 0.5  # at most this much of it saved up
+    step_factor: float = 4.0  # a big tenant's steps last about this many fixed costs per step; 0: off
     _queues: dict[str, list] = field(default_factory=dict)  # tenant -> heap of (priority, order, request id)
     _order: itertools.count = field(default_factory=itertools.count)
     _credit: float = 0.0
+    _fixed_s: float = 0.0  # smoothed duration of small steps: the engine's fixed cost per step
+    _per_request_s: float = 0.0  # smoothed cost of each request in a step beyond the fixed cost
+    _rotation: int = 0
+    _split: bool = False  # the last step ran a window of a big tenant's requests
 
     @classmethod
     def from_env(cls, capacity: int) -> FairShare:
@@ -58,6 +72,7 @@ class FairShare:
             reserve=max(0, min(reserve, capacity - 1)),
             slice_ratio=max(0.0, float(env.get("PAGEDBATCH_FAIR_SLICE") or 1.0)),
             burst_s=max(0.0, float(env.get("PAGEDBATCH_FAIR_BURST_S") or 0.5)),
+            step_factor=max(0.0, float(env.get("PAGEDBATCH_FAIR_STEP_FACTOR") or 4.0)),
         )
 
     def push(self, tenant: str, request_id: str, priority: int = 0, weight: float | None = None) -> None:
@@ -105,9 +120,47 @@ class FairShare:
         smallest = min(share.values())
         return {t for t, s in share.items() if s > SMALL_FACTOR * smallest}
 
-    def stepped(self, seconds: float, paused: bool) -> None:
-        """Account one engine step: a paused one spends saved time, an unpaused one earns it."""
+    @property
+    def big(self) -> int:
+        """A tenant holding more requests than this is big: with a step factor, its requests step in windows."""
+        return max(self.reserve, self.capacity // SMALL_FACTOR)
+
+    def window(self) -> int | None:
+        """How many requests a step may hold to last about `step_factor` fixed costs; None: no limit (yet)."""
+        if self.step_factor <= 1 or not self._fixed_s or not self._per_request_s:
+            return None
+        return max(1, int((self.step_factor - 1) * self._fixed_s / self._per_request_s))
+
+    def to_split(self, stepping: dict[str, list[str]]) -> set[str]:
+        """Of the requests about to step ({tenant: request ids}), those of big tenants outside this step's
+        window (see the module's docstring): they sit the step out."""
+        self._split = False
+        window = self.window()
+        if not self.enabled or window is None:
+            return set()
+        big = sorted(rid for ids in stepping.values() if len(ids) > self.big for rid in ids)
+        room = max(1, window - sum(len(ids) for ids in stepping.values() if len(ids) <= self.big))
+        if room >= len(big):
+            return set()
+        start = self._rotation % len(big)
+        self._rotation = start + room
+        self._split = True
+        return set(big) - {big[(start + k) % len(big)] for k in range(room)}
+
+    def stepped(self, seconds: float, paused: bool, stepping: int = 0) -> None:
+        """Account one engine step of `stepping` requests: a paused one spends saved time, an unpaused one earns
+        it; with a step factor, its duration refines the costs that size the windows."""
         if paused:
             self._credit -= seconds
         else:
             self._credit = min(self.burst_s, self._credit + seconds * self.slice_ratio)
+        if self.step_factor <= 0 or seconds <= 0 or stepping <= 0:
+            return
+        if stepping <= self.reserve and not self._split:  # a small step: mostly the fixed cost
+            self._fixed_s = _smoothed(self._fixed_s, seconds)
+        elif self._fixed_s:
+            self._per_request_s = _smoothed(self._per_request_s, max(seconds - self._fixed_s, 0.0) / stepping)
+
+
+def _smoothed(average: float, value: float, weight: float = 0.2) -> float:
+    return value if not average else (1 - weight) * average + weight * value
