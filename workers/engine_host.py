@@ -24,7 +24,7 @@ from collections import Counter, deque
 from concurrent.futures import Future
 
 from engine.pooling_params import PoolingParams
-from workers.fair_share import FairShare
+from workers.fair_share import FairShare, check_weight
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,8 @@ class EngineHost:
         """Add (request_id, prompt, params) requests of `tenant` at once, so that they enter the same step
         rather than trickling into the batch one step at a time. `weight`: the tenant's fair-share weight
         (None: unchanged); `priority`: their job's (lower first within the tenant)."""
+        if weight is not None:
+            weight = check_weight(weight)  # before any request is taken
         futures = []
         with self._lock:
             for request_id, prompt, params in requests:
