@@ -12,7 +12,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from store.models import JOB_STATUSES
+from store.models import JOB_STATUSES, MAX_PRIORITY, MIN_PRIORITY
 
 BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 COMPLETION_WINDOWS = ("24h",)
@@ -168,6 +168,8 @@ class Job(ApiObject):
     defaults: dict[str, Any] | None
     """Body fields every line gets unless it sets them"""
     metadata: Metadata
+    priority: int = Field(ge=MIN_PRIORITY, le=MAX_PRIORITY)
+    """vLLM's meaning: a lower value is served first, among its tenant's jobs (tenants share by weight)"""
     input_file_id: str | None
     output_file_id: str | None
     error_file_id: str | None
@@ -249,6 +251,14 @@ class BatchCreate(ApiObject):
         "fail",
         description="pagedbatch's option: `fail` (OpenAI's behaviour) fails a file with any invalid line at "
         "validation; `skip` runs the valid lines and reports the others in the error file",
+    )
+    priority: int = Field(
+        0,
+        ge=MIN_PRIORITY,
+        le=MAX_PRIORITY,
+        description="pagedbatch's option (the `openai` client sends it with `extra_body`): vLLM's meaning, a lower "
+        "value is served first among the tenant's batches; across tenants their weights rule. Shown by "
+        "GET /v1/jobs/{id}, not in the Batch object",
     )
 
 

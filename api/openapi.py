@@ -12,7 +12,7 @@ import functools
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
 from api.objects import METADATA_PAIRS, REQUEST_OBJECTS, RESPONSE_OBJECTS
-from store.models import INVALID_LINE_POLICIES, JOB_STATUSES
+from store.models import INVALID_LINE_POLICIES, JOB_STATUSES, MAX_PRIORITY, MIN_PRIORITY
 
 
 class _ComponentSchema(GenerateJsonSchema):
@@ -102,6 +102,8 @@ def _meta_paths() -> dict:
 
 
 INVALID_LINES = {"type": "string", "enum": list(INVALID_LINE_POLICIES)}
+PRIORITY = {"type": "integer", "minimum": MIN_PRIORITY, "maximum": MAX_PRIORITY, "default": 0,
+            "description": "lower is served first, among the tenant's jobs (vLLM's meaning)"}  # fmt: skip
 
 
 def _create_job() -> dict:
@@ -114,6 +116,7 @@ def _create_job() -> dict:
             "defaults": {"type": "string", "description": "JSON object"},
             "metadata": {"type": "string", "description": "JSON object of string pairs"},
             "on_invalid_lines": INVALID_LINES,
+            "priority": PRIORITY,
         },
     )
     body["content"]["application/x-ndjson"] = {"schema": JSONL_FILE}
@@ -129,6 +132,7 @@ def _create_job() -> dict:
             _query("defaults", {"type": "string"}, raw_body + "JSON object of default body fields"),
             _query("metadata", {"type": "string"}, raw_body + f"JSON object of up to {METADATA_PAIRS} string pairs"),
             _query("on_invalid_lines", INVALID_LINES, raw_body + "skip (the default) or fail"),
+            _query("priority", PRIORITY, raw_body + "the job's priority"),
         ],
         requestBody=body,
     )

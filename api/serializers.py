@@ -86,6 +86,7 @@ def job_object(job: Job, progress: Progress) -> objects.Job:
         endpoint=job.endpoint,
         defaults=job.defaults,
         metadata=job.job_metadata,
+        priority=job.priority or 0,
         input_file_id=job.input_file_id,
         output_file_id=job.output_file_id,
         error_file_id=job.error_file_id,

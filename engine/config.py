@@ -158,6 +158,7 @@ class EngineConfig:
     # vLLM's runner: generate, pooling (embeddings), or auto (pooling for a sentence-transformers directory)
     runner: str = "auto"
     grammar_cache_size: int = 256  # compiled structured-output grammars kept (least recently used out)
+    scheduling_policy: str = "fcfs"  # vLLM's: fcfs, or priority (a request's priority, lower first)
 
     def __post_init__(self):
         if self.seed is None:  # vLLM: no seed, no reproducibility
@@ -172,6 +173,8 @@ class EngineConfig:
             raise ValueError(f"runner={self.runner!r} is not supported; use auto, generate or pooling")
         if not isinstance(self.grammar_cache_size, int) or self.grammar_cache_size < 1:
             raise ValueError(f"grammar_cache_size must be a positive integer, got {self.grammar_cache_size!r}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy={self.scheduling_policy!r} is not supported; use fcfs or priority")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.max_num_seqs < 1:

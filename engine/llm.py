@@ -12,6 +12,7 @@ from engine.llm_engine import LLMEngine, Prompt
 from engine.llm_pooling import PoolingMixin
 from engine.metrics import Metric, engine_metrics
 from engine.outputs import RequestOutput
+from engine.request_checks import check_priority
 from engine.sampling_params import SamplingParams
 
 
@@ -66,19 +67,19 @@ class LLM(PoolingMixin):
         if isinstance(prompts, str | dict):
             prompts = [prompts]
         prompts = list(prompts)
-        _check_priority(priority, len(prompts))
-        params = self._params_per_prompt(sampling_params, len(prompts))
         engine = self.llm_engine
+        priority = _priorities(priority, len(prompts), engine.config.scheduling_policy)
+        params = self._params_per_prompt(sampling_params, len(prompts))
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             try:
                 engine.prepare(prompt, p)
             except ValueError as exc:
                 raise ValueError(f"prompt {i}: {exc}") from exc
         ids = []
-        for prompt, p in zip(prompts, params):
+        for prompt, p, rank in zip(prompts, params, priority):
             ids.append(str(self._next_id))
             self._next_id += 1
-            engine.add_request(ids[-1], prompt, p)
+            engine.add_request(ids[-1], prompt, p, priority=rank)
         return self._run(ids, use_tqdm)
 
     def chat(self, messages: list[dict] | list[list[dict]],
@@ -135,11 +136,14 @@ class LLM(PoolingMixin):
         return [results[i] for i in ids]
 
 
-def _check_priority(priority, count: int) -> None:
-    """As vLLM under its default first-come-first-served policy: priorities other than 0 are refused."""
+def _priorities(priority, count: int, policy: str) -> list[int]:
+    """One priority per prompt (0 when none are given), all checked before any request is added: under
+    vLLM's default first-come-first-served policy, priorities other than 0 are refused."""
     if priority is None:
-        return
+        return [0] * count
+    priority = list(priority)
     if len(priority) != count:
         raise ValueError(f"got {len(priority)} priorities for {count} prompts")
-    if any(p != 0 for p in priority):
-        raise ValueError("priority scheduling is not enabled: the scheduler is first-come first-served")
+    for value in priority:
+        check_priority(value, policy)
+    return priority

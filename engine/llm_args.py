@@ -33,7 +33,6 @@ _ONLY = {
     "enable_lora": (False, "LoRA adapters are not supported"),
     "skip_tokenizer_init": (False, "the engine needs the tokenizer (stop strings, chat templates)"),
     "load_format": ("auto", "weights load from safetensors only"),
-    "scheduling_policy": ("fcfs", "the scheduler is first-come first-served; priority scheduling is not supported"),
     "task": ("auto", "only text generation and embeddings (task='embed') are supported"),
     "speculative_config": (None, "speculative decoding is not supported"),
 }

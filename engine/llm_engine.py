@@ -29,7 +29,7 @@ from engine.pooling import (
 from engine.pooling_runner import resolve_runner
 from engine.prompt_logprobs import plan as plan_prompt_logprobs
 from engine.prompt_logprobs import record as record_prompt_logprobs
-from engine.request_checks import check_against_model, truncate_prompt
+from engine.request_checks import check_against_model, check_priority, truncate_prompt
 from engine.sampler import SampleLogprobs, Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -79,7 +79,8 @@ class LLMEngine:
             self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
         )
         self.scheduler = Scheduler(
-            self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens
+            self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens,
+            self.config.scheduling_policy,
         )
         self.sampler = Sampler(self.model_config.vocab_size, self.device, self.config.seed)
         self.detokenizer = Detokenizer(self.tokenizer)
@@ -159,8 +160,10 @@ class LLMEngine:
             )
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
-                    arrival_time: float | None = None) -> None:
-        """Queue a request; safe to call from any thread, also while another thread steps."""
+                    arrival_time: float | None = None, priority: int = 0) -> None:
+        """Queue a request; safe to call from any thread, also while another thread steps.
+        `priority` (lower first) needs scheduling_policy="priority" unless it is 0, as in vLLM."""
+        check_priority(priority, self.config.scheduling_policy)
         params = params or SamplingParams(**self.default_sampling_values)
         text, ids = self.prepare(prompt, params)
         bad_words = bad_words_token_ids(self.tokenizer, params.bad_words) if params.bad_words else None
@@ -170,6 +173,7 @@ class LLMEngine:
                 for i in range(params.n)]
         for seq in seqs:
             seq.bad_words_token_ids = bad_words
+            seq.priority = priority
         grammar = self.structured.start(params.structured_outputs) if params.structured_outputs else None
         self._enqueue(_Request(request_id, text, ids, params, seqs, grammar=grammar))
 

@@ -1,5 +1,6 @@
 """The checks of a request's SamplingParams that need the model: token ids inside the
-vocabulary and logprob counts within `max_logprobs` (vLLM's `SamplingParams.verify`)."""
+vocabulary and logprob counts within `max_logprobs` (vLLM's `SamplingParams.verify`), and a
+request's priority against the scheduling policy."""
 
 from __future__ import annotations
 
@@ -30,3 +31,12 @@ def truncate_prompt(ids: list[int], keep: int | None, max_model_len: int) -> lis
     if keep > max_model_len:
         raise ValueError(f"truncate_prompt_tokens={keep} exceeds the model's context of {max_model_len}")
     return ids[-(max_model_len if keep == -1 else keep) :]
+
+
+def check_priority(priority, policy: str) -> None:
+    """As vLLM: any integer under the priority policy; under fcfs, only 0."""
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise ValueError(f"priority must be an integer, got {priority!r:.40}")
+    if priority != 0 and policy != "priority":
+        raise ValueError(f"got priority {priority}, but priority scheduling is not enabled "
+                         f"(scheduling_policy={policy!r}; pass scheduling_policy='priority')")  # fmt: skip

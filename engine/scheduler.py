@@ -7,10 +7,15 @@ sequences go first, oldest first; waiting ones join in arrival order while the b
 the sequence cap and the pool allow. When the pool runs dry the newest running
 sequence is preempted: its blocks are freed and it is recomputed later. Sequences of the
 requests in `paused` (set by the caller) are skipped: they keep their blocks and wait.
+
+vLLM's `scheduling_policy="priority"` replaces arrival order with rank: (priority, arrival), a
+lower priority value first. Both queues are kept in rank order, so waiting sequences join best
+first, running ones get the budget best first, and the one preempted is the worst ranked.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass
 
@@ -31,9 +36,16 @@ class ScheduledBatch:
         return bool(self.seqs)
 
 
+def rank(seq: Sequence) -> tuple:
+    """Under the priority policy: a lower priority value first, then the earlier arrival."""
+    return seq.priority, seq.arrival, seq.seq_id
+
+
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 policy: str = "fcfs"):  # fmt: skip
         self.block_manager = block_manager
+        self.by_priority = policy == "priority"
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -42,7 +54,10 @@ class Scheduler:
         self.paused: frozenset[str] = frozenset()  # request ids not to schedule for now
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        if self.by_priority:
+            bisect.insort(self.waiting, seq, key=rank)
+        else:
+            self.waiting.append(seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -87,7 +102,10 @@ class Scheduler:
             self.block_manager.grow(seq, computed + n)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
+            if self.by_priority:
+                bisect.insort(self.running, seq, key=rank)
+            else:
+                self.running.append(seq)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)
             self.block_manager.register_full_blocks(seq, computed + n)  # later admissions may share them
@@ -101,7 +119,10 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        if self.by_priority:
+            bisect.insort(self.waiting, seq, key=rank)
+        else:
+            self.waiting.appendleft(seq)
 
     def finish(self, seq: Sequence) -> None:
         """Take a finished or aborted sequence out and return its blocks at once."""

@@ -53,6 +53,7 @@ class Sequence:
         self.arrival = arrival or time.time()
         self.first_token_time: float | None = None
         self.num_preemptions = 0
+        self.priority = 0  # the request's priority under scheduling_policy="priority": lower runs first
         self.pooling = None  # an embedding request's engine.pooling.PoolingState
         # Set by beam search (engine.beam_runner): called with (seq, logprob entry) where the
         # engine would append a sampled token; the search appends the tokens it picks.

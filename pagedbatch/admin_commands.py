@@ -1,7 +1,8 @@
-"""Operators' commands on the database: `keys create|list|revoke` and `tenants set|list`."""
+"""Operators' commands on the database: `keys create|list|revoke` and `tenants set|list` (limits, weight)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -23,6 +24,16 @@ def _when(value) -> str:
 
 def _limit(value) -> str:
     return "default" if value is None else "unlimited" if value == 0 else str(value)
+
+
+def _weight(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"a weight is a positive number, got {text!r}")
+    return value
 
 
 def _keys_create(args) -> int:
@@ -82,11 +93,12 @@ def _tenants_set(args) -> int:
         max_queued_requests=args.max_queued_requests,
         max_files=args.max_files,
         max_file_bytes=args.max_file_bytes,
+        weight=args.weight,
     )
     print(
         f"tenant {row.name!r}: max active jobs {_limit(row.max_active_jobs)}, "
         f"max queued requests {_limit(row.max_queued_requests)}, max files {_limit(row.max_files)}, "
-        f"max file bytes {_limit(row.max_file_bytes)}"
+        f"max file bytes {_limit(row.max_file_bytes)}, weight {row.weight:g}"
     )
     return 0
 
@@ -98,7 +110,8 @@ def _tenants_list(args) -> int:
         print(
             f"{row.name}\tmax_active_jobs={_limit(row.max_active_jobs)}\t"
             f"max_queued_requests={_limit(row.max_queued_requests)}\t"
-            f"max_files={_limit(row.max_files)}\tmax_file_bytes={_limit(row.max_file_bytes)}"
+            f"max_files={_limit(row.max_files)}\tmax_file_bytes={_limit(row.max_file_bytes)}\t"
+            f"weight={row.weight:g}"
         )
     return 0
 
@@ -124,7 +137,7 @@ def add_commands(commands) -> None:
     revoke.add_argument("key_id")
     revoke.set_defaults(func=_keys_revoke)
 
-    tenants = commands.add_parser("tenants", help="tenants' limits")
+    tenants = commands.add_parser("tenants", help="tenants' limits and fair-share weights")
     tenants = tenants.add_subparsers(dest="tenants_command", required=True)
     limits = _admin_parser(tenants, "set", "set a tenant's limits (0: unlimited; omitted: the server's default)")
     limits.add_argument("tenant")
@@ -132,5 +145,7 @@ def add_commands(commands) -> None:
     limits.add_argument("--max-queued-requests", type=int, default=None)
     limits.add_argument("--max-files", type=int, default=None, help="uploaded files kept at once")
     limits.add_argument("--max-file-bytes", type=int, default=None, help="bytes of uploaded files kept at once")
+    limits.add_argument("--weight", type=_weight, default=None,
+                        help="its share of a worker's engine beside other tenants' (default 1; omitted: unchanged)")
     limits.set_defaults(func=_tenants_set)
-    _admin_parser(tenants, "list", "list tenants and their limits").set_defaults(func=_tenants_list)
+    _admin_parser(tenants, "list", "list tenants, their limits and weights").set_defaults(func=_tenants_list)

@@ -18,7 +18,7 @@ from store import ids
 from store.db import session_scope
 from store.errors import NotFound, StoreError
 from store.limits import check_new_job
-from store.models import INVALID_LINE_POLICIES, VALIDATING, File, Job, utcnow
+from store.models import INVALID_LINE_POLICIES, MAX_PRIORITY, MIN_PRIORITY, VALIDATING, File, Job, utcnow
 from store.pagination import page
 from store.settings import Settings
 from store.validating import model_limits
@@ -36,6 +36,7 @@ def create_job(
     metadata: dict | None = None,
     completion_window: str = "24h",
     output_expires_after_s: int | None = None,
+    priority: int = 0,
 ) -> tuple[Job, str]:
     """Insert the job, `validating`, if the tenant's limits allow one more (else LimitExceeded: a 429).
 
@@ -44,6 +45,8 @@ def create_job(
     if on_invalid_lines not in INVALID_LINE_POLICIES:
         raise StoreError(f"on_invalid_lines must be one of {', '.join(INVALID_LINE_POLICIES)}",
                          param="on_invalid_lines")  # fmt: skip
+    if isinstance(priority, bool) or not isinstance(priority, int) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise StoreError(f"priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}", param="priority")
     model_limits(settings, model)  # an unknown model is refused now, not in the background
     now = utcnow()
     owner = f"validator-{uuid.uuid4().hex}"
@@ -61,6 +64,7 @@ def create_job(
         job_metadata=metadata,
         output_expires_after_s=output_expires_after_s,
         on_invalid_lines=on_invalid_lines,
+        priority=priority,
         request_total=input_file.line_count or 0,  # its non-blank lines, counted at upload
         validation_owner=owner,
         validation_heartbeat_at=now,

@@ -8,6 +8,7 @@ A high-entropy key needs no salt or slow hash: the lookup is by hash, so no comp
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import secrets
 import threading
@@ -158,14 +159,20 @@ def set_tenant_limits(
     max_queued_requests: int | None,
     max_files: int | None = None,
     max_file_bytes: int | None = None,
+    weight: float | None = None,
 ) -> Tenant:
-    """Per-tenant limits overriding the settings' (None: use the settings'; 0: unlimited)."""
+    """Per-tenant limits overriding the settings' (None: use the settings'; 0: unlimited), and the tenant's
+    fair-share weight in the workers (a positive number; None: unchanged, 1 for a new tenant)."""
+    if weight is not None and not (isinstance(weight, int | float) and 0 < weight < math.inf):
+        raise ValueError(f"a tenant's weight is a positive number, got {weight!r:.40}")
     with session_scope(settings.database_url) as s:
         row = ensure_tenant(s, tenant)
         row.max_active_jobs = max_active_jobs
         row.max_queued_requests = max_queued_requests
         row.max_files = max_files
         row.max_file_bytes = max_file_bytes
+        if weight is not None:
+            row.weight = float(weight)
         return row
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, CheckConstraint, DateTime, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -34,6 +34,9 @@ SHARD_HELD = "held"  # validated, waiting for the whole file to pass (on_invalid
 # the valid lines and report the others (the native /v1/jobs).
 FAIL_INVALID, SKIP_INVALID = "fail", "skip"
 INVALID_LINE_POLICIES = (FAIL_INVALID, SKIP_INVALID)
+
+# A job's priority (vLLM's meaning: a lower value is served first) orders its tenant's requests in a worker.
+MIN_PRIORITY, MAX_PRIORITY = -100, 100
 
 
 class File(Base):
@@ -70,6 +73,7 @@ class Job(Base):
     defaults: Mapped[dict | None] = mapped_column(JSONType, nullable=True)
     job_metadata: Mapped[dict | None] = mapped_column("metadata", JSONType, nullable=True)
     completion_window: Mapped[str] = mapped_column(String(16), default="24h")
+    priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # lower first, in its tenant
     # OpenAI's output_expires_after: the output and error files expire this long after their creation
     output_expires_after_s: Mapped[int | None] = mapped_column(Integer, nullable=True)
     input_file_id: Mapped[str | None] = mapped_column(ForeignKey("files.id"), nullable=True)
@@ -110,6 +114,7 @@ class Job(Base):
     __table_args__ = (
         Index("ix_jobs_tenant_created", "tenant", "created_at", "id"),
         Index("ix_jobs_tenant_status", "tenant", "status"),
+        CheckConstraint(f"priority BETWEEN {MIN_PRIORITY} AND {MAX_PRIORITY}", name="ck_jobs_priority"),
     )
 
 
@@ -159,7 +164,11 @@ class Tenant(Base):
     max_queued_requests: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_files: Mapped[int | None] = mapped_column(Integer, nullable=True)  # uploaded files kept at once
     max_file_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # their bytes together
+    # Its share of a worker's engine beside other tenants' (workers.fair_share): twice the weight, twice the share.
+    weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    __table_args__ = (CheckConstraint("weight > 0", name="ck_tenants_weight"),)
 
 
 class ApiKey(Base):

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import update
 
 from store.db import session_scope
-from store.models import CANCELLED, CANCELLING, SHARD_DONE, SHARD_QUEUED, SHARD_RUNNING, Job, Shard, utcnow
+from store.models import CANCELLED, CANCELLING, SHARD_DONE, SHARD_QUEUED, SHARD_RUNNING, Job, Shard, Tenant, utcnow
 from store.paths import shard_id as shard_id_of
 from store.paths import shard_input_key
 from store.results.parquet import ResultCounts
@@ -37,6 +37,8 @@ class ClaimedShard:
     job_cancelling: bool
     job_created_at: datetime
     tenant: str = "default"
+    tenant_weight: float = 1.0  # the tenant's fair-share weight in the worker
+    priority: int = 0  # the job's: lower first among the tenant's requests in the worker
     exhausted: bool = False  # the attempts before this one used up the limit: do not run it again
 
 
@@ -60,6 +62,7 @@ def claim_shard(
                      shard.attempts)  # fmt: skip
             return None
         job = s.get(Job, shard.job_id)
+        tenant = s.get(Tenant, job.tenant)  # None: a tenant without a key (the default), weight 1
         shard.status = SHARD_RUNNING
         shard.completed = shard.failed = shard.cancelled = 0
         shard.prompt_tokens = shard.completion_tokens = shard.cached_tokens = 0
@@ -74,6 +77,8 @@ def claim_shard(
             job_cancelling=job.status in (CANCELLING, CANCELLED),
             job_created_at=job.created_at,
             tenant=job.tenant,
+            tenant_weight=tenant.weight if tenant is not None else 1.0,
+            priority=job.priority,
             exhausted=0 < max_attempts < shard.attempts,
         )
 

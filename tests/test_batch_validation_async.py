@@ -213,7 +213,7 @@ class OneByOneHost:
     def __init__(self):
         self.futures: list[tuple[Future, RequestOutput]] = []
 
-    def submit_many(self, requests, tenant="default"):
+    def submit_many(self, requests, tenant="default", **_):
         out = []
         for request_id, prompt, _params in requests:
             future = Future()

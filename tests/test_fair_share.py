@@ -9,7 +9,7 @@ import pytest
 
 from engine import LLMEngine, SamplingParams
 from workers.engine_host import EngineHost
-from workers.fair_share import FairShare, parse_weights
+from workers.fair_share import FairShare
 
 
 def _admit_all(fair: FairShare, running: Counter) -> list[str]:
@@ -35,13 +35,47 @@ def test_a_tenant_alone_leaves_the_reserve_and_a_newcomer_takes_it():
 
 
 def test_weights_skew_the_share():
-    fair = FairShare(capacity=40, reserve=0, weights=parse_weights("a=3,b=1"))
+    fair = FairShare(capacity=40, reserve=0)
     for i in range(100):
-        fair.push("a", f"a{i}")
+        fair.push("a", f"a{i}", weight=3)  # the tenant's weight, as its shards carry it from the database
         fair.push("b", f"b{i}")
     assert Counter(_admit_all(fair, Counter())) == {"a": 30, "b": 10}
-    with pytest.raises(ValueError, match="TENANT=POSITIVE_NUMBER"):
-        parse_weights("a=0")
+    for bad in (0, -1, float("nan"), float("inf"), "2", True):
+        with pytest.raises(ValueError, match="a tenant's weight is a positive number"):
+            fair.push("a", "x", weight=bad)
+
+
+def test_a_weight_changes_with_the_next_shard_and_is_forgotten_when_the_tenant_is_idle():
+    fair = FairShare(capacity=40, reserve=0)
+    fair.push("a", "a0", weight=2)
+    fair.push("a", "a1")  # no weight given: the tenant keeps 2
+    assert fair.weights == {"a": 2.0}
+    fair.push("a", "a2", weight=0.5)
+    assert fair.weights == {"a": 0.5}
+    fair.push("b", "b0", weight=4)
+    running = Counter()
+    _admit_all(fair, running)
+    assert fair.weights == {"a": 0.5, "b": 4.0}  # both still running
+    running["b"] = 0  # B's request finished; A's queue empties next: B's weight is dropped, A's kept
+    fair.push("a", "a3")
+    _admit_all(fair, running)
+    assert fair.weights == {"a": 0.5}
+
+
+def test_priority_orders_a_tenants_queue_but_not_across_tenants():
+    fair = FairShare(capacity=100, reserve=0)
+    for i, priority in enumerate([0, 5, -3, 0, 5, -3]):
+        fair.push("a", f"a{i}:{priority}", priority=priority)
+    fair.push("b", "b0:100", priority=100)  # B's worst priority still gets B's share
+    fair.push("b", "b1:-100", priority=-100)
+    order = []
+    running = Counter()
+    while (picked := fair.next(running, sum(running.values()))) is not None:
+        running[picked[0]] += 1
+        order.append(picked[1])
+    assert [r for r in order if r.startswith("a")] == ["a2:-3", "a5:-3", "a0:0", "a3:0", "a1:5", "a4:5"]
+    assert [r for r in order if r.startswith("b")] == ["b1:-100", "b0:100"]
+    assert order.index("b0:100") < order.index("a0:0")  # across tenants, the shares rule: B holds less
 
 
 def _finish_order(path: str, fair_share: bool, monkeypatch) -> list[str]:
@@ -68,3 +102,25 @@ def test_a_small_job_of_another_tenant_is_not_stuck_behind_a_large_one(tiny_mode
     fair = _finish_order(path, True, monkeypatch)
     assert max(fifo.index("b0"), fifo.index("b1")) >= 40  # first come first served: behind all of A's
     assert max(fair.index("b0"), fair.index("b1")) < 2  # fair share: in the reserve at once, done first
+
+
+def test_the_host_admits_a_tenants_requests_by_job_priority(tiny_model, monkeypatch):
+    monkeypatch.setenv("PAGEDBATCH_FAIR_SHARE", "1")
+    host = EngineHost(lambda: LLMEngine(model=str(tiny_model("qwen3")), max_num_seqs=1))  # one at a time
+    try:
+        order: list[str] = []
+        params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+        def submit(tag: str, priority: int, count: int = 2):
+            batch = [(f"{tag}{i}", {"prompt_token_ids": [1, 2, 3 + i]}, params) for i in range(count)]
+            futures = host.submit_many(batch, "a", weight=2, priority=priority)
+            for future in futures:
+                future.add_done_callback(lambda f: order.append(f.result().request_id))
+            return futures
+
+        futures = submit("first", -100, 1) + submit("late", 5) + submit("urgent", -1) + submit("plain", 0)
+        for future in futures:
+            future.result(timeout=120)
+        assert order == ["first0", "urgent0", "urgent1", "plain0", "plain1", "late0", "late1"]
+    finally:
+        host.close()

@@ -9,7 +9,7 @@ from collections import Counter
 
 from engine import LLMEngine, SamplingParams
 from workers.engine_host import EngineHost
-from workers.fair_share import FairShare, parse_weights
+from workers.fair_share import FairShare
 
 
 def test_big_tenants_pause_beside_a_small_one_while_time_is_saved_up():
@@ -29,7 +29,7 @@ def test_big_tenants_pause_beside_a_small_one_while_time_is_saved_up():
     assert fair.to_pause(running) == {"a"}  # saved up to burst_s (0.5 s) only
     fair.stepped(0.02, paused=True)
     assert fair.to_pause(running) == set()
-    weighted = FairShare(weights=parse_weights("a=100"), slice_ratio=1.0)
+    weighted = FairShare(weights={"a": 100.0}, slice_ratio=1.0)
     weighted.stepped(0.1, paused=False)
     assert weighted.to_pause(running) == set()  # per weight, A holds 2.4 to B's 4
     off = FairShare(slice_ratio=0.0)
@@ -99,3 +99,61 @@ def test_a_small_tenant_steps_alone_beside_a_big_tenants_backlog(tiny_model, mon
             assert len(future.result(timeout=300).outputs[0].token_ids) == 200  # A resumes and finishes
     finally:
         host.close()
+
+
+def test_a_big_tenants_requests_step_in_rotating_windows_sized_by_measured_costs():
+    fair = FairShare(capacity=256, reserve=16, step_factor=4)
+    stepping = {"a": [f"a{i:03d}" for i in range(200)], "b": ["b0", "b1"]}
+    assert fair.window() is None and fair.to_split(stepping) == set()  # nothing measured yet
+    fair.stepped(0.002, paused=False, stepping=4)  # a small step: the fixed cost
+    fair.stepped(0.102, paused=False, stepping=200)  # 0.5 ms per request more
+    assert fair.window() == int(3 * 0.002 / 0.0005)  # (factor - 1) fixed costs of requests: 12
+    windows = []
+    for _ in range(20):
+        sit_out = fair.to_split(stepping)
+        assert {"b0", "b1"}.isdisjoint(sit_out)  # a small tenant steps whole, in the window
+        windows.append(set(stepping["a"]) - sit_out)
+    assert all(len(w) == 10 for w in windows)  # the window less B's two
+    assert windows[0] == {f"a{i:03d}" for i in range(10)} and windows[1] == {f"a{i:03d}" for i in range(10, 20)}
+    assert set().union(*windows) == set(stepping["a"])  # in turn, every request steps
+    cheap = FairShare(capacity=256, reserve=16, step_factor=4)  # a GPU: more requests cost little more
+    cheap.stepped(0.010, paused=False, stepping=4)
+    cheap.stepped(0.012, paused=False, stepping=240)
+    assert cheap.window() > 256 and cheap.to_split({"a": [f"a{i}" for i in range(240)]}) == set()
+    off = FairShare(step_factor=0)
+    off.stepped(0.002, paused=False, stepping=4)
+    off.stepped(0.102, paused=False, stepping=200)
+    assert off.window() is None
+
+
+def test_windows_bound_the_engines_batches_and_keep_the_outputs(tiny_model, monkeypatch):
+    monkeypatch.setenv("PAGEDBATCH_FAIR_SHARE", "1")
+    path = str(tiny_model("qwen3"))
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    requests = [(f"a{i}", {"prompt_token_ids": [1, 2, 3 + i]}, params) for i in range(32)]
+
+    def run(window: int | None) -> tuple[dict, list[int]]:
+        monkeypatch.setattr(FairShare, "window", lambda self: window)  # sizes fixed, not measured
+        engine = LLMEngine(model=path, max_num_seqs=64)  # a tenant holding more than 16 is big
+        sizes = []
+        schedule = engine.scheduler.schedule
+
+        def recording_schedule():
+            batch = schedule()
+            sizes.append(len(batch.seqs))
+            return batch
+
+        engine.scheduler.schedule = recording_schedule
+        host = EngineHost(lambda: engine)
+        try:
+            futures = host.submit_many(requests, "a")
+            return {f.result(timeout=120).request_id: f.result().outputs[0].token_ids for f in futures}, sizes
+        finally:
+            host.close()
+
+    whole, whole_sizes = run(None)
+    windowed, sizes = run(8)
+    assert max(whole_sizes) == 32
+    assert sizes[:8] == [8] * 8  # while A holds more than 16 requests, each step holds one window of them
+    assert max(sizes) <= 16  # once it holds no more than a quarter of the engine, its steps are whole
+    assert windowed == whole  # a request that sat steps out resumes with the same tokens

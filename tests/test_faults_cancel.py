@@ -16,7 +16,7 @@ from workers import shard_runner
 class InstantHost:
     tokenizer = None
 
-    def submit_many(self, requests, tenant="default"):
+    def submit_many(self, requests, tenant="default", **_):
         futures = []
         for request_id, prompt, _params in requests:
             future = Future()

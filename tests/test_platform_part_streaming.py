@@ -35,7 +35,7 @@ class LargeOutputHost:
         self.fail_after = fail_after
         self.on_output = on_output  # called after each output is handed over
 
-    def submit_many(self, requests, tenant="default"):
+    def submit_many(self, requests, tenant="default", **_):
         futures = [Future() for _ in requests]
         order = list(range(len(requests)))
         random.Random(0).shuffle(order)

@@ -23,7 +23,7 @@ class FakeHost:
     def __init__(self):
         self.submitted = 0
 
-    def submit_many(self, requests, tenant="default"):
+    def submit_many(self, requests, tenant="default", **_):
         futures = []
         for request_id, prompt, _params in requests:
             self.submitted += 1

@@ -10,7 +10,8 @@ split again, and a request that fails alone is the culprit: its future gets the 
 fault (every half succeeds) fails nobody. Each failure costs a recomputation of the suspects.
 
 Requests enter the engine by fair share across tenants (`workers.fair_share`): they wait in the host, one
-queue per tenant, and the loop admits them as the engine has room.
+queue per tenant (ordered by the job's priority), and the loop admits them as the engine has room. An engine
+built with scheduling_policy="priority" also gets each request's priority.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections import Counter, deque
 from concurrent.futures import Future
 
 from engine.pooling_params import PoolingParams
-from workers.fair_share import FairShare
+from workers.fair_share import FairShare, check_weight
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +42,12 @@ class EngineHost:
         self.engine = None
         self.idle_wait_s = idle_wait_s
         self._futures: dict[str, Future] = {}
-        self._requests: dict[str, tuple] = {}  # request id -> (prompt, params), to run it again
+        self._requests: dict[str, tuple] = {}  # request id -> (prompt, params, priority), to run it again
         self._in_engine: set[str] = set()
         self._held: list[str] = []  # submitted while a failure is being isolated
         self._tenant_of: dict[str, str] = {}
         self._fair = FairShare(enabled=False)  # set once the engine is loaded (its capacity)
+        self._engine_priority = False  # whether the engine takes priorities (its scheduling_policy)
         self._suspects: deque[list[str]] = deque()  # groups still to run on their own
         self._group: set[str] | None = None  # the suspects running now
         self._paused_any = False  # some requests are paused in the engine (fair share's time slicing)
@@ -69,6 +71,7 @@ class EngineHost:
             self.engine = factory()
             config = getattr(self.engine, "config", None)
             self._fair = FairShare.from_env(getattr(config, "max_num_seqs", 256))
+            self._engine_priority = getattr(config, "scheduling_policy", "fcfs") == "priority"
         except BaseException as exc:  # noqa: BLE001 - raised again in the constructor
             self._load_error = exc
             return
@@ -91,9 +94,13 @@ class EngineHost:
         """
         return self.submit_many([(request_id, prompt, params)])[0]
 
-    def submit_many(self, requests, tenant: str = "default") -> list[Future]:
+    def submit_many(self, requests, tenant: str = "default", *, weight: float | None = None,
+                    priority: int = 0) -> list[Future]:  # fmt: skip
         """Add (request_id, prompt, params) requests of `tenant` at once, so that they enter the same step
-        rather than trickling into the batch one step at a time."""
+        rather than trickling into the batch one step at a time. `weight`: the tenant's fair-share weight
+        (None: unchanged); `priority`: their job's (lower first within the tenant)."""
+        if weight is not None:
+            weight = check_weight(weight)  # before any request is taken
         futures = []
         with self._lock:
             for request_id, prompt, params in requests:
@@ -102,10 +109,10 @@ class EngineHost:
                 future: Future = Future()
                 futures.append(future)
                 self._futures[request_id] = future
-                self._requests[request_id] = (prompt, params)
+                self._requests[request_id] = (prompt, params, priority)
                 self._tenant_of[request_id] = tenant
                 if self._fair.enabled:
-                    self._fair.push(tenant, request_id)
+                    self._fair.push(tenant, request_id, priority, weight)
                 elif self._isolating():
                     self._held.append(request_id)
                 else:
@@ -161,35 +168,43 @@ class EngineHost:
                     self._add(request_id)
                     running[tenant] += request_id in self._in_engine
 
-    def _pause(self) -> bool:
-        """Fair share's time slicing: tell the engine whose requests sit out the next step; True if any do."""
+    def _pause(self) -> tuple[bool, int]:
+        """Fair share's time slicing: tell the engine whose requests sit out the next step. Returns whether
+        some do for a smaller tenant's sake, and how many requests step."""
         pause = getattr(self.engine, "pause_requests", None)
         if pause is None:
-            return False
+            return False, len(self._in_engine)
         with self._lock:
-            tenants = set()
+            tenants, split = set(), set()
             if not self._isolating():
                 tenants = self._fair.to_pause(Counter(self._tenant_of.get(rid) for rid in self._in_engine))
             ids = [rid for rid in self._in_engine if self._tenant_of.get(rid) in tenants]
-        if ids or self._paused_any:
-            pause(ids)
-        self._paused_any = bool(ids)
-        return self._paused_any
+            if not self._isolating() and self._fair.step_factor > 0:
+                stepping: dict[str, list[str]] = {}
+                for rid in self._in_engine:
+                    if (tenant := self._tenant_of.get(rid)) not in tenants:
+                        stepping.setdefault(tenant, []).append(rid)
+                split = self._fair.to_split(stepping)
+            count = len(self._in_engine) - len(ids) - len(split)
+        if ids or split or self._paused_any:
+            pause([*ids, *split])
+        self._paused_any = bool(ids or split)
+        return bool(ids), count
 
     def _add(self, request_id: str) -> None:
         """Put a known request into the engine (under the lock); a rejected one fails alone."""
-        prompt, params = self._requests[request_id]
+        prompt, params, priority = self._requests[request_id]
         if self.remote_prefill is not None and self.remote_prefill.start(request_id, prompt, params, self._prefilled):
             self._in_engine.add(request_id)  # it holds a place while its KV is made elsewhere
             return
-        self._add_local(request_id, prompt, params)
+        self._add_local(request_id, prompt, params, priority)
 
     def _prefilled(self, request_id: str, bundle) -> None:
         """A remote prefill ended: import its KV, or (None) prefill it here after all."""
         with self._lock:
             if request_id not in self._in_engine or request_id not in self._requests:
                 return  # aborted meanwhile
-            prompt, params = self._requests[request_id]
+            prompt, params, priority = self._requests[request_id]
             try:
                 if bundle is not None:
                     self.engine.add_imported_request(request_id, bundle, params)
@@ -199,12 +214,14 @@ class EngineHost:
             finally:
                 self._wake.set()
             self._in_engine.discard(request_id)
-            self._add_local(request_id, prompt, params)
+            self._add_local(request_id, prompt, params, priority)
 
-    def _add_local(self, request_id: str, prompt, params) -> None:
+    def _add_local(self, request_id: str, prompt, params, priority: int = 0) -> None:
         try:
             if isinstance(params, PoolingParams):  # an embedding request: one prompt or a line's list of them
                 self.engine.add_pooling_request(request_id, prompt, params)
+            elif priority and self._engine_priority:
+                self.engine.add_request(request_id, prompt, params, priority=priority)
             else:
                 self.engine.add_request(request_id, prompt, params)
         except Exception as exc:  # noqa: BLE001 - handed to the caller through the future
@@ -222,7 +239,7 @@ class EngineHost:
                 self._wake.wait(self.idle_wait_s)
                 self._wake.clear()
                 continue
-            paused = self._pause()
+            paused, stepping = self._pause()
             started = time.perf_counter()
             try:
                 outputs = self.engine.step()
@@ -232,7 +249,7 @@ class EngineHost:
                 self._step_failed(exc)
                 continue
             elapsed = time.perf_counter() - started
-            self._fair.stepped(elapsed, paused)
+            self._fair.stepped(elapsed, paused, stepping)
             if self.observer is not None:
                 self.observer.step_done(outputs, elapsed)
             for output in outputs:

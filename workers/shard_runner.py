@@ -200,7 +200,9 @@ def _run_in_engine(settings: Settings, host, watcher, shard_id: str, claim, requ
         if not (claim.job_cancelling or watcher.is_cancelled(claim.job_id) or draining.is_set()):
             batch = [engine_request(rid, req) for rid, req in zip(attempt.request_ids, requests)]
             now = time.time()
-            for request_id, future in zip(attempt.request_ids, host.submit_many(batch, tenant=claim.tenant)):
+            # no name for the list of futures: each output must go as soon as its row is written
+            for request_id, future in zip(attempt.request_ids, host.submit_many(
+                    batch, tenant=claim.tenant, weight=claim.tenant_weight, priority=claim.priority)):
                 attempt.started[request_id] = now
                 attempt.futures[request_id] = future
                 future.add_done_callback(lambda _f, rid=request_id: attempt.on_done(rid))

@@ -8,7 +8,14 @@ from api.auth import current_tenant
 from api.errors import ApiError
 from api.objects import JobList
 from api.platform import settings, validate_in_background
-from api.routes.params import invalid_lines_param, json_param, limit_param, metadata_param, reject_nul_bytes
+from api.routes.params import (
+    invalid_lines_param,
+    json_param,
+    limit_param,
+    metadata_param,
+    priority_param,
+    reject_nul_bytes,
+)
 from api.routes.responses import cached_job_body, send_fs, send_lines, send_object, send_stored
 from api.routes.uploads import check_content_length, upload_chunks, upload_filename
 from api.serializers import job_object, page
@@ -53,6 +60,7 @@ def create_job():
     metadata = metadata_param(fields.get("metadata") or request.args.get("metadata"))
     # the native API runs the valid lines and reports the others; "fail" fails the job as OpenAI does
     on_invalid = invalid_lines_param(fields.get("on_invalid_lines") or request.args.get("on_invalid_lines"), "skip")
+    priority = priority_param(fields.get("priority") or request.args.get("priority"))
     input_file = files.store_upload(cfg, chunks, tenant=tenant, filename=filename, purpose="batch", for_job=True)
     job, owner = jobs.create_job(
         cfg,
@@ -62,6 +70,7 @@ def create_job():
         defaults=defaults,
         metadata=metadata,
         on_invalid_lines=on_invalid,
+        priority=priority,
     )
     validate_in_background(job.id, owner)
     return send_object(_job(job), 201)

@@ -16,6 +16,7 @@ from api.routes.params import (
     metadata_param,
     order_param,
     parse_json,
+    priority_param,
     reject_nul_bytes,
 )
 from api.routes.responses import cached_job_body, send_object, send_stored
@@ -115,6 +116,8 @@ def _batch_request() -> dict:
         "output_expires_after_s": expires_after_value(body.get("output_expires_after"), "output_expires_after"),
         # OpenAI fails a file with invalid lines; "skip" runs the valid ones and reports the rest
         "on_invalid_lines": invalid_lines_param(body.get("on_invalid_lines"), default="fail"),
+        # pagedbatch's extension (the openai client sends it with extra_body): lower first, within the tenant
+        "priority": priority_param(body.get("priority")),
     }
 
 

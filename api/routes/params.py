@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 from flask import request
 
 from api.errors import ApiError
 from api.objects import METADATA_KEY_CHARS, METADATA_PAIRS, METADATA_VALUE_CHARS
-from store.models import INVALID_LINE_POLICIES
+from store.models import INVALID_LINE_POLICIES, MAX_PRIORITY, MIN_PRIORITY
 
 MAX_PARAM_DEPTH = 32  # nesting of a JSON parameter (defaults); deeper is a 400, never a RecursionError
 
@@ -80,6 +81,21 @@ def invalid_lines_param(value, default: str) -> str:
     if value not in INVALID_LINE_POLICIES:
         raise ApiError(400, f"on_invalid_lines must be one of {', '.join(INVALID_LINE_POLICIES)}",
                        param="on_invalid_lines")  # fmt: skip
+    return value
+
+
+def priority_param(value) -> int:
+    """A job's `priority` (vLLM's meaning: a lower value is served first, among its tenant's jobs): an
+    integer from MIN_PRIORITY to MAX_PRIORITY, given as a form or query string or a JSON integer; 0 when absent."""
+    if value is None or value == "":
+        return 0
+    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d{1,12}\s*", value):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, f"priority must be an integer, got {value!r:.40}", param="priority")
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise ApiError(400, f"priority must be between {MIN_PRIORITY} and {MAX_PRIORITY} (a lower value is served "
+                       f"first), got {value}", param="priority")  # fmt: skip
     return value
 
 

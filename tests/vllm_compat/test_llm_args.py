@@ -44,7 +44,7 @@ def test_seed_none_is_not_reproducible_but_a_seed_is(model_dir):
         (dict(pipeline_parallel_size=2), "pipeline_parallel_size"),
         (dict(quantization="awq"), "quantization"),
         (dict(enable_lora=True), "enable_lora"),
-        (dict(scheduling_policy="priority"), "scheduling_policy"),
+        (dict(scheduling_policy="lottery"), "scheduling_policy='lottery' is not supported; use fcfs or priority"),
         (dict(tokenizer_mode="mistral"), "tokenizer_mode"),
         (dict(hf_overrides=lambda c: c), "hf_overrides"),
         (dict(max_logprobs=-3), "max_logprobs"),
