@@ -171,27 +171,6 @@ def width_groups(widths: list[int], max_groups: int = MAX_GROUPS) -> list[list[i
     return groups
 
 
-def shared_prefixes(tables: list[list[int]], lengths: list[int], block_size: int) -> list[tuple[list[int], int]]:
-    """(members, shared blocks) of decodes whose tables start with the same blocks, short of each
-    member's own last token; the decodes that share nothing come last, with 0."""
-    by_first: dict[int, list[int]] = {}
-    for i, table in enumerate(tables):
-        by_first.setdefault(table[0], []).append(i)
-    groups, alone = [], []
-    for members in by_first.values():
-        shared = 0
-        if len(members) > 1:
-            limit = (min(lengths[i] for i in members) - 1) // block_size
-            first = tables[members[0]]
-            while shared < limit and all(tables[i][shared] == first[shared] for i in members):
-                shared += 1
-        if shared:
-            groups.append((members, shared))
-        else:
-            alone.extend(members)
-    return groups + ([(alone, 0)] if alone else [])
-
-
 def plan_decodes(block_tables, seq_lens, query_start_loc, block_size: int) -> DecodePlan:
     """The step's kernel calls: every single-token query, and every query of a chunk of at most
     SHORT_CHUNK tokens (each token a row of its own, its context ending at its position)."""
@@ -206,7 +185,7 @@ def plan_decodes(block_tables, seq_lens, query_start_loc, block_size: int) -> De
             tokens.append(starts[i] + j)
             tables.append(table)
             row_lens.append(lengths[i] - q_len + 1 + j)
-    groups = shared_prefixes(tables, row_lens, block_size)
+    groups = reference.shared_prefixes(tables, row_lens, block_size)
     calls = []
     shared_rows = [(members, shared) for members, shared in groups if shared]
     if shared_rows:  # every group's tails in one call, each group's prefix merged in after

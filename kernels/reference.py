@@ -120,26 +120,30 @@ def _decode_attention(query, k_cache, v_cache, block_tables, lengths, starts, ro
     for the whole group, and only their own tails are gathered per sequence, padded and masked."""
     block_size = k_cache.shape[1]
     tables = block_tables[torch.tensor(rows, device=block_tables.device)].tolist()
-    groups: dict[int, list[int]] = {}
+    for members, shared in shared_prefixes(tables, [lengths[r] for r in rows], block_size):
+        _decode_group(query, k_cache, v_cache, [tables[i] for i in members], [lengths[rows[i]] for i in members],
+                      [starts[rows[i]] for i in members], shared, scale, out)
+
+
+def shared_prefixes(tables: list[list[int]], lengths: list[int], block_size: int) -> list[tuple[list[int], int]]:
+    """(members, shared blocks) of decodes whose tables start with the same blocks, short of each
+    member's own last token; the decodes that share nothing come last, together, with 0."""
+    by_first: dict[int, list[int]] = {}
     for i, table in enumerate(tables):
-        groups.setdefault(table[0], []).append(i)
-    batches, alone = [], []  # (members, shared blocks); sequences sharing nothing go in one batch
-    for members in groups.values():
+        by_first.setdefault(table[0], []).append(i)
+    groups, alone = [], []
+    for members in by_first.values():
         shared = 0
-        if len(members) > 1:  # leading blocks all members hold, short of every member's own token
-            limit = (min(lengths[rows[i]] for i in members) - 1) // block_size
+        if len(members) > 1:
+            limit = (min(lengths[i] for i in members) - 1) // block_size
             first = tables[members[0]]
             while shared < limit and all(tables[i][shared] == first[shared] for i in members):
                 shared += 1
         if shared:
-            batches.append((members, shared))
+            groups.append((members, shared))
         else:
             alone.extend(members)
-    if alone:
-        batches.append((alone, 0))
-    for members, shared in batches:
-        _decode_group(query, k_cache, v_cache, [tables[i] for i in members], [lengths[rows[i]] for i in members],
-                      [starts[rows[i]] for i in members], shared, scale, out)
+    return groups + ([(alone, 0)] if alone else [])
 
 
 def _decode_group(query, k_cache, v_cache, tables, lengths, token_starts, shared, scale, out):
