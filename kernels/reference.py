@@ -136,8 +136,10 @@ def shared_prefixes(tables: list[list[int]], lengths: list[int], block_size: int
         shared = 0
         if len(members) > 1:
             limit = (min(lengths[i] for i in members) - 1) // block_size
-            first = tables[members[0]]
-            while shared < limit and all(tables[i][shared] == first[shared] for i in members):
+            # rows of one prompt chunk hold the same table object: compare each table once
+            distinct = list({id(tables[i]): tables[i] for i in members}.values())
+            first = distinct[0]
+            while shared < limit and all(table[shared] == first[shared] for table in distinct):
                 shared += 1
         if shared:
             groups.append((members, shared))
