@@ -31,6 +31,12 @@ def _json_options(spec: StructuredOutputsParams) -> dict:
     return {"any_whitespace": not spec.disable_any_whitespace, "strict_mode": True}
 
 
+# JSON's unescaped characters as ranges of valid code points (no control characters, quote,
+# backslash or surrogates). Spelled positively: xgrammar's byte automaton for a negated class also
+# took overlong encodings (F0 80 80 80, E0 80 80), which no UTF-8 decoder accepts.
+JSON_STRING_CHAR = "[ !#-\\[\\]-\ud7ff\ue000-\U0010ffff]"
+
+
 def json_safe_strings(node):
     """The schema with each length-bounded string spelled as a pattern of JSON's unescaped
     characters: xgrammar's own grammar for minLength/maxLength lets raw control characters and
@@ -44,7 +50,7 @@ def json_safe_strings(node):
     bounded = "minLength" in node or "maxLength" in node
     if node.get("type") == "string" and bounded and not {"pattern", "format", "enum", "const"} & node.keys():
         low, high = node.pop("minLength", 0), node.pop("maxLength", "")
-        node["pattern"] = r'^[^"\\\x00-\x1f\ud800-\udfff]{' + f"{low},{high}" + "}$"
+        node["pattern"] = f"^{JSON_STRING_CHAR}{{{low},{high}}}$"
     return node
 
 

@@ -241,6 +241,24 @@ def test_length_bounded_strings_exclude_control_characters():
     assert not any(pattern.match(s) for s in ("abcd", "a\x15", 'a"', "a\\"))
 
 
+@pytest.mark.parametrize(("raw", "accepted"), [
+    ('"a\U0001f600"'.encode(), True), ('"\U0010ffff"'.encode(), True), ('"\ud7ff\ue000é"'.encode(), True),
+    (b'"[]#!"', True),
+    (b'"a\xf0\x80\x80\x80"', False),  # overlong 4-byte encoding: decodes as four U+FFFD (seen once in CI)
+    (b'"a\xe0\x80\x80"', False),  # overlong 3-byte
+    (b'"a\xed\xa0\x80"', False),  # a UTF-8-encoded surrogate
+    (b'"a\xf4\x90\x80\x80"', False), (b'"a\xf5\x80\x80\x80"', False),  # past U+10FFFF
+    (b'"a\x80"', False), (b'"a\x15"', False), (b'"a\\""', False),
+])
+def test_length_bounded_strings_take_only_valid_utf8_at_the_byte_level(raw, accepted):
+    """xgrammar's automaton for a negated character class let overlong encodings through, so a
+    model's bytes could satisfy maxLength and decode as U+FFFD; the engine's pattern must not."""
+    schema = json_safe_strings({"type": "object", "properties": {"s": {"type": "string", "maxLength": 6}},
+                                "required": ["s"]})
+    grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=True)
+    assert xgr.testing._is_grammar_accept_string(grammar, b'{"s": ' + raw + b"}") is accepted
+
+
 def test_structured_outputs_round_trip_through_a_dict():
     spec = StructuredOutputsParams(json={"type": "integer"}, disable_any_whitespace=True)
     again = SamplingParams(structured_outputs=spec.to_dict()).structured_outputs
