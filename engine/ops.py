@@ -10,7 +10,7 @@ beyond that, the engine learns from its capability flags, never from its name.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -49,12 +49,10 @@ TORCH_OPS = Ops(
 )
 
 
-CPU_OPS = Ops(
+CPU_OPS = replace(
+    TORCH_OPS,
     name="torch-compiled",
-    attention_hints=False,
-    graph_capturable=False,
     compiles_on_first_use=True,
-    write_kv_cache=reference.write_kv_cache,
     paged_attention=cpu_attention.paged_attention,
     rms_norm=compiled.rms_norm,
     fused_add_rms_norm=compiled.fused_add_rms_norm,

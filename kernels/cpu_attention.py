@@ -42,14 +42,10 @@ def decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale):
     keys = k_cache.view(num_blocks * block_size, num_kv_heads, head_dim)[slots].permute(0, 2, 1, 3)[:, :, None]
     values = v_cache.view(num_blocks * block_size, num_kv_heads, head_dim)[slots].permute(0, 2, 1, 3)[:, :, None]
     q = query.view(batch, num_kv_heads, group, 1, head_dim).float()
-    scores = (q * keys.float()).sum(-1) * scale  # [B, kv, group, T]
+    scores = (q * keys.float()).sum(-1)  # [B, kv, group, T]
     past_end = positions[None, :] >= seq_lens[:, None]
-    scores = scores.masked_fill(past_end[:, None, None, :], float("-inf"))
-    top = scores.amax(-1, keepdim=True)
-    weights = torch.exp(scores - top)
-    total = weights.sum(-1, keepdim=True)
-    out = (weights[..., None] * values.float()).sum(-2) / total  # [B, kv, group, D]
-    lse = top + total.log()
+    weights, lse = softmax_lse(scores.masked_fill(past_end[:, None, None, :], float("-inf")), scale)
+    out = (weights[..., None] * values.float()).sum(-2)  # [B, kv, group, D]
     return out.reshape(batch, num_heads, head_dim), lse.reshape(batch, num_heads)
 
 
