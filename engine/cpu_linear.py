@@ -5,6 +5,11 @@ this model's shapes where oneDNN's kernels on a pre-packed weight ran at ~530 (`
 measures it). bfloat16 already goes through oneDNN, but reorders the weight at every call.
 The packed results are also batch invariant (a row's output does not depend on its batch), which
 MKL's are not.
+
+oneDNN builds a primitive for every input shape it meets (0.3-0.7 ms here, more than the whole call
+on a decode step's few rows) and caches it. A step's row count varies from step to step, so calls
+are padded to one of a few sizes (`padded_rows`: eight per doubling, at most 1/8 extra rows) and the
+engine builds the primitives of the smaller ones at load (`warm_packed_linears`).
 """
 
 from __future__ import annotations
@@ -14,6 +19,22 @@ from torch import nn
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 BATCH_HINT = 64  # oneDNN picks the packed layout for about this many rows; any count runs
+EXACT_ROWS = 8  # up to this many rows, every count is a size of its own
+WARM_ROWS = 512  # above this, building a primitive costs little beside running it
+
+
+def padded_rows(rows: int) -> int:
+    """The row count a call of `rows` rows runs with: `rows` rounded up to a multiple of an eighth
+    of the power of two below it (9..16 exact, then 18, 20, .., 32, 36, ..)."""
+    if rows <= EXACT_ROWS:
+        return rows
+    step = 1 << (rows.bit_length() - 4)
+    return -(-rows // step) * step
+
+
+def row_sizes(max_rows: int) -> list[int]:
+    """Every size `padded_rows` gives for 1..max_rows rows."""
+    return sorted({padded_rows(rows) for rows in range(1, max_rows + 1)})
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
@@ -34,11 +55,31 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
+        count = rows.shape[0]
+        padded = padded_rows(count)
+        if padded != count:
+            rows = torch.cat([rows, rows.new_zeros(padded - count, self.in_features)])
         out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
-        return out.view(*x.shape[:-1], self.out_features)
+        return out[:count].view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+@torch.no_grad()
+def warm_packed_linears(model: nn.Module, max_rows: int) -> int:
+    """Build oneDNN's primitives for every padded size up to min(max_rows, WARM_ROWS), once per
+    distinct layer shape (modules of one shape share them); returns how many calls that took."""
+    shapes = {}
+    for module in model.modules():
+        if isinstance(module, PackedLinear):
+            key = (module.in_features, module.out_features, module.packed.dtype, module.bias is None)
+            shapes.setdefault(key, module)
+    sizes = row_sizes(min(max_rows, WARM_ROWS))
+    for module in shapes.values():
+        for rows in sizes:
+            module(torch.zeros(rows, module.in_features, dtype=module.packed.dtype, device=module.packed.device))
+    return len(shapes) * len(sizes)
 
 
 def pack_linears(model: nn.Module) -> int:

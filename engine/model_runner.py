@@ -12,7 +12,7 @@ import logging
 import torch
 
 from engine.config import EngineConfig, ModelConfig
-from engine.cpu_linear import can_pack, pack_linears
+from engine.cpu_linear import can_pack, pack_linears, warm_packed_linears
 from engine.cuda_graph import DecodeGraphRunner, batch_size_ladder
 from engine.device import to_device
 from engine.loader import load_weights
@@ -44,6 +44,7 @@ class ModelRunner:
         self.has_lm_head = load_weights(model, model_config.path, lm_head_optional=config.runner == "pooling")
         if can_pack(device, dtype):
             pack_linears(model)
+            warm_packed_linears(model, config.max_num_batched_tokens)
         self.model = model.eval()
         self.num_blocks = config.num_kv_blocks or self._auto_num_blocks()
         shape = (self.num_blocks, self.block_size, model_config.num_kv_heads, model_config.head_dim)

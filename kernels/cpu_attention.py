@@ -1,12 +1,12 @@
 """The CPU engine's paged attention: decodes through compiled kernels that read K/V where they lie in
-the pool, prompts through the reference's flash SDPA.
+the pool, prompts through `cpu_prefill`.
 
 The reference gathers each decode's context out of the pool (`index_select`) and then lays it out
 again for a batched matmul, at every layer: two copies of every context per step. Compiled by
 inductor (`kernels.compiled`), `decode_attention` is a few fused loops that load each key and value
 from its block directly. Decodes whose block tables start with the same blocks (a shared system
-prompt, sibling samples) read those blocks once for the whole group, as one matmul of every member's
-queries (`prefix_attention`), and only their own tails through the kernel; the two partial results
+prompt, sibling samples) read those blocks once for the whole group, as one flash-attention call over
+every member's queries (`prefix_attention`), and only their own tails through the kernel; the two partial results
 merge by their log-sum-exp. Which decode goes in which call is planned once per step
 (`DecodePlan`) and reused by every layer.
 """
@@ -20,7 +20,7 @@ import torch
 
 from kernels import reference
 from kernels.compiled import Compiled
-from kernels.cpu_prefill import linear, prefill_attention
+from kernels.cpu_prefill import prefill_attention
 
 MIN_SAVING = 0.25  # a decode group is split where that saves this share of its padded work
 MAX_GROUPS = 4
@@ -51,29 +51,26 @@ def decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale):
 
 def prefix_attention(query, k_cache, v_cache, prefix_blocks, tail_out, tail_lse, scale):
     """`tail_out`/`tail_lse` (decode_attention over each row's own blocks) merged with the attention
-    over `prefix_blocks`, which every row shares: per KV head, one matmul of all rows' queries against
-    the prefix's keys and one of the weights against its values. Float32, as the tail's.
-
-    The matmuls are linear layers (the prefix as the weight), to run on oneDNN."""
+    over `prefix_blocks`, which every row shares. Per KV head, every row's queries of that head are
+    one block of queries against the prefix: one call of PyTorch's CPU flash attention (brgemm, AMX
+    for bfloat16), which also returns the log-sum-exp the merge needs. Float32 out, as the tail's."""
     rows, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group, length = num_heads // num_kv_heads, prefix_blocks.shape[0] * block_size
-    keys = k_cache[prefix_blocks].view(length, num_kv_heads, head_dim)
-    values = v_cache[prefix_blocks].view(length, num_kv_heads, head_dim)
-    queries = query.view(rows, num_kv_heads, group, head_dim)
-    outs, lses = [], []
-    for h in range(num_kv_heads):
-        q = queries[:, h].reshape(rows * group, head_dim).float()
-        weights, lse = _softmax_lse(linear(q, keys[:, h].float().contiguous()), scale)
-        outs.append(linear(weights, values[:, h].float().t().contiguous()).view(rows, group, head_dim))
-        lses.append(lse.view(rows, group))
-    return _merge(torch.stack(outs, 1).view(rows, num_heads, head_dim), torch.stack(lses, 1).view(rows, num_heads),
-                  tail_out, tail_lse)
+    keys = k_cache[prefix_blocks].view(1, length, num_kv_heads, head_dim).transpose(1, 2)
+    values = v_cache[prefix_blocks].view(1, length, num_kv_heads, head_dim).transpose(1, 2)
+    queries = query.view(rows, num_kv_heads, group, head_dim).transpose(0, 1).reshape(1, num_kv_heads, rows * group,
+                                                                                        head_dim)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(queries, keys, values, 0.0, False,
+                                                                          scale=scale)[:2]
+    out = out.view(num_kv_heads, rows, group, head_dim).transpose(0, 1).reshape(rows, num_heads, head_dim)
+    lse = lse.view(num_kv_heads, rows, group).transpose(0, 1).reshape(rows, num_heads)
+    return _merge(out.float(), lse, tail_out, tail_lse)
 
 
 def softmax_lse(scores, scale):
-    """softmax(scores * scale) along the last dimension, and its log-sum-exp."""
-    scores = scores * scale
+    """softmax(scores * scale) along the last dimension, and its log-sum-exp, in float32."""
+    scores = scores.float() * scale
     top = scores.amax(-1, keepdim=True)
     weights = torch.exp(scores - top)
     total = weights.sum(-1, keepdim=True)
@@ -106,7 +103,6 @@ def _reference_decode(query, k_cache, v_cache, block_tables, seq_lens, scale):
 
 
 _decode = Compiled(decode_attention, fallback=_reference_decode)
-_softmax_lse = Compiled(softmax_lse)
 _merge = Compiled(merge_partial)
 
 

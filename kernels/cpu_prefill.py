@@ -3,19 +3,35 @@ queries against the context up to its last position are one matmul, the causal s
 kernel, and the weighted sum of values another matmul.
 
 PyTorch's flash SDPA on the CPU ran at ~75 GFLOP/s here in float32 and bfloat16 alike; the matmuls
-below run as linear layers on oneDNN (`linear`), several times faster, in float32 whatever the
-cache's dtype (as the decode kernels: scores and softmax in float32). Scores are materialised a
-block of QUERY_BLOCK tokens at a time, so memory stays bounded by QUERY_BLOCK x the context.
+below run as linear layers on oneDNN (`linear`), several times faster. They run in the cache's dtype
+where oneDNN has fast kernels for it (`matmul_dtype`: bfloat16 goes to AMX or AVX-512 BF16, as
+`transformers` computes a bfloat16 model's scores in bfloat16 too), else in float32; the softmax
+is always float32. Scores are materialised a block of QUERY_BLOCK tokens at a time, so memory
+stays bounded by QUERY_BLOCK x the context.
+
+Which of the two is faster depends on the CPU: PyTorch's flash SDPA (`kernels.reference`) calls
+MKL and oneDNN's brgemm, which on Intel CPUs with AMX or AVX-512 ran 3-4x faster than the matmuls
+above, while on an AMD EPYC it ran at a third of their speed. `prefill_attention` therefore times
+both once per process and shape on a synthetic prompt (`calibrate`) and keeps the faster;
+PAGEDBATCH_CPU_PREFILL=sdpa or =matmul fixes the choice.
 """
 
 from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
 
 import torch
 
 from kernels import reference
 from kernels.compiled import Compiled
 
+log = logging.getLogger(__name__)
 QUERY_BLOCK = 256
+CALIBRATION_TOKENS = 1024
+CHOICE_ENV = "PAGEDBATCH_CPU_PREFILL"
 
 
 def linear(x, weight):
@@ -26,14 +42,19 @@ def linear(x, weight):
     return torch.nn.functional.linear(x, weight)
 
 
+def matmul_dtype(cache_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the attention matmuls run in for a cache of `cache_dtype`."""
+    return torch.bfloat16 if cache_dtype == torch.bfloat16 else torch.float32
+
+
 def causal_softmax(scores, scale, first_position, group):
     """softmax(scores * scale) of rows [token0 head0, token0 head1, ..., token1 head0, ...] (`group`
     heads per token) over context columns, each token seeing the columns up to its own position
-    (`first_position` is the first row's, a 0-d tensor)."""
+    (`first_position` is the first row's, a 0-d tensor); in float32, returned in the scores' dtype."""
     rows, columns = scores.shape
     positions = first_position + torch.arange(rows, device=scores.device) // group
     hidden = torch.arange(columns, device=scores.device)[None, :] > positions[:, None]
-    return torch.softmax((scores * scale).masked_fill(hidden, float("-inf")), dim=-1)
+    return torch.softmax((scores.float() * scale).masked_fill(hidden, float("-inf")), dim=-1).to(scores.dtype)
 
 
 _causal_softmax = Compiled(causal_softmax)
@@ -41,24 +62,74 @@ _causal_softmax = Compiled(causal_softmax)
 
 def prefill_attention(query, k_cache, v_cache, block_tables, lengths, starts, scale, out, seqs):
     """Into `out`: the attention of the new tokens of each sequence in `seqs` over its context
-    (`lengths` and `starts` as the host-side lists of seq_lens and query_start_loc)."""
+    (`lengths` and `starts` as the host-side lists of seq_lens and query_start_loc), through the
+    faster of SDPA and the matmuls on this CPU."""
+    if seqs:
+        kernel = _choice(query.dtype, query.shape[1], k_cache.shape[2], query.shape[2], k_cache.shape[1])
+        kernel(query, k_cache, v_cache, block_tables, lengths, starts, scale, out, seqs)
+
+
+def matmul_prefill_attention(query, k_cache, v_cache, block_tables, lengths, starts, scale, out, seqs):
+    """`prefill_attention` through oneDNN matmuls and the compiled causal softmax."""
     num_heads, head_dim = query.shape[1:]
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
+    dtype = matmul_dtype(k_cache.dtype)
     for i in seqs:
         length, q_len = lengths[i], starts[i + 1] - starts[i]
         keys = reference._gather_context("k", k_cache, block_tables[i], length)  # [L, kv, D]
         values = reference._gather_context("v", v_cache, block_tables[i], length)
         for h in range(num_kv_heads):
-            k = keys[:, h].float().contiguous()
-            v = values[:, h].float().t().contiguous()  # [D, L]
+            k = keys[:, h].to(dtype).contiguous()
+            v = values[:, h].to(dtype).t().contiguous()  # [D, L]
             heads = slice(h * group, (h + 1) * group)
             for first in range(0, q_len, QUERY_BLOCK):
                 last = min(first + QUERY_BLOCK, q_len)
                 tokens = slice(starts[i] + first, starts[i] + last)
                 context = length - q_len + last  # the block's last token sees this many
-                q = query[tokens, heads].reshape(-1, head_dim).float()
+                q = query[tokens, heads].reshape(-1, head_dim).to(dtype)
                 position = torch.tensor(length - q_len + first, device=query.device)
                 weights = _causal_softmax(linear(q, k[:context]), scale, position, group)
                 block = linear(weights, v[:, :context].contiguous() if context < length else v)
                 out[tokens, heads] = block.view(last - first, group, head_dim).to(out.dtype)
+
+
+KERNELS = {"sdpa": reference.prefill_attention, "matmul": matmul_prefill_attention}
+_choices: dict[tuple, str] = {}
+_choice_lock = threading.Lock()
+
+
+def _choice(dtype, num_heads, num_kv_heads, head_dim, block_size):
+    fixed = os.environ.get(CHOICE_ENV)
+    if fixed:
+        if fixed not in KERNELS:
+            raise ValueError(f"{CHOICE_ENV}={fixed!r}: expected one of {sorted(KERNELS)}")
+        return KERNELS[fixed]
+    key = (dtype, num_heads, num_kv_heads, head_dim, block_size)
+    with _choice_lock:
+        if key not in _choices:
+            _choices[key] = calibrate(*key)
+            log.info("CPU prefill attention for %s: %s", key, _choices[key])
+    return KERNELS[_choices[key]]
+
+
+@torch.no_grad()
+def calibrate(dtype, num_heads, num_kv_heads, head_dim, block_size, tokens: int = CALIBRATION_TOKENS,
+              repeats: int = 3) -> str:
+    """The name of the faster kernel on one prompt of `tokens` random tokens (best of `repeats`)."""
+    blocks = -(-tokens // block_size)
+    shape = (blocks, block_size, num_kv_heads, head_dim)
+    k_cache, v_cache = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
+    query = torch.randn(tokens, num_heads, head_dim).to(dtype)
+    args = (query, k_cache, v_cache, torch.arange(blocks, dtype=torch.int32)[None], [tokens], [0, tokens],
+            head_dim**-0.5, torch.empty_like(query), [0])
+    best = {}
+    for name, kernel in KERNELS.items():
+        kernel(*args)  # compiles, allocates
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            kernel(*args)
+            times.append(time.perf_counter() - start)
+        best[name] = min(times)
+    return min(best, key=best.get)
