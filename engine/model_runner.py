@@ -13,6 +13,7 @@ import torch
 
 from engine.config import EngineConfig, ModelConfig
 from engine.cpu_linear import can_pack, pack_linears, warm_packed_linears
+from engine.cpu_malloc import keep_freed_memory
 from engine.cuda_graph import DecodeGraphRunner, batch_size_ladder
 from engine.device import to_device
 from engine.loader import load_weights
@@ -36,6 +37,8 @@ class ModelRunner:
         self.dtype = dtype
         self.block_size = config.block_size
         self.ops = select_ops(config.attention_backend, device)
+        if device.type == "cpu":
+            keep_freed_memory()
         with torch.device(device):
             model = LlamaForCausalLM(model_config, self.ops)
         model.to(dtype=dtype)
