@@ -27,26 +27,44 @@ MAX_GROUPS = 4
 # Chunks of up to this many new tokens go through the decode kernels, a row per token (a prompt's
 # tail after a cached prefix, say); longer ones through flash SDPA, one sequence at a time.
 SHORT_CHUNK = 64
+LANES = 16  # floats in an AVX-512 register
 
 
 def decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale):
     """One new token per sequence: query [B, H, D], block_tables [B, W] (W blocks cover the longest
     context), seq_lens [B]. Returns the output [B, H, D] and the log-sum-exp of the scaled scores
-    [B, H], both float32 (as the scores and the softmax)."""
+    [B, H], both float32 (as the scores and the softmax).
+
+    Written for the loops inductor makes of it: K and V are read block by block (`cache[blocks]`:
+    no division of positions by the block size per element); a score's products are summed as a
+    tree of LANES-wide slices before one horizontal sum (a chain of dependent vector adds was
+    most of the kernel's time); the weighted values are summed within each block, then across."""
     batch, num_heads, head_dim = query.shape
-    num_blocks, block_size, num_kv_heads, _ = k_cache.shape
-    group = num_heads // num_kv_heads
-    positions = torch.arange(block_tables.shape[1] * block_size, device=query.device)
-    slots = block_tables[:, positions // block_size].long() * block_size + positions % block_size  # [B, T]
-    # [B, kv, 1, T, D]: the context last but one, so that the softmax runs along contiguous scores
-    keys = k_cache.view(num_blocks * block_size, num_kv_heads, head_dim)[slots].permute(0, 2, 1, 3)[:, :, None]
-    values = v_cache.view(num_blocks * block_size, num_kv_heads, head_dim)[slots].permute(0, 2, 1, 3)[:, :, None]
-    q = query.view(batch, num_kv_heads, group, 1, head_dim).float()
-    scores = (q * keys.float()).sum(-1)  # [B, kv, group, T]
-    past_end = positions[None, :] >= seq_lens[:, None]
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    group, width = num_heads // num_kv_heads, block_tables.shape[1]
+    blocks = block_tables.long()
+    # [B, kv, 1, W, block, D]: a block's positions contiguous, the query group broadcast
+    keys = k_cache[blocks].permute(0, 3, 1, 2, 4)[:, :, None]
+    values = v_cache[blocks].permute(0, 3, 1, 2, 4)[:, :, None]
+    q = query.view(batch, num_kv_heads, group, 1, 1, head_dim).float()
+    scores = _tree_sum(q * keys.float()).view(batch, num_kv_heads, group, width * block_size)
+    past_end = torch.arange(width * block_size, device=query.device)[None, :] >= seq_lens[:, None]
     weights, lse = softmax_lse(scores.masked_fill(past_end[:, None, None, :], float("-inf")), scale)
-    out = (weights[..., None] * values.float()).sum(-2)  # [B, kv, group, D]
+    weighted = weights.view(batch, num_kv_heads, group, width, block_size, 1) * values.float()
+    out = weighted.sum(-2).sum(-2)  # [B, kv, group, D]
     return out.reshape(batch, num_heads, head_dim), lse.reshape(batch, num_heads)
+
+
+def _tree_sum(products):
+    """products.sum(-1), adding LANES-wide slices pairwise first where the last dimension (a head's
+    size: static when compiled) splits into them."""
+    size = products.shape[-1]
+    if size % LANES:
+        return products.sum(-1)
+    parts = [products[..., i : i + LANES] for i in range(0, size, LANES)]
+    while len(parts) > 1:
+        parts = [parts[i] + parts[i + 1] if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
+    return parts[0].sum(-1)
 
 
 def prefix_attention(query, k_cache, v_cache, prefix_blocks, tail_out, tail_lse, scale):
