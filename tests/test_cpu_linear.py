@@ -63,3 +63,35 @@ def test_cpu_runner_packs_its_linears(tiny_model):
     model = llm.llm_engine.runner.model
     assert not any(type(m) is nn.Linear for m in model.modules())
     assert isinstance(model.lm_head, PackedLinear)
+
+
+def test_row_counts_are_padded_to_few_sizes_with_little_waste():
+    from engine.cpu_linear import EXACT_ROWS, padded_rows, row_sizes
+
+    assert [padded_rows(n) for n in range(1, EXACT_ROWS + 1)] == list(range(1, EXACT_ROWS + 1))
+    previous = 0
+    for rows in range(1, 9000):
+        padded = padded_rows(rows)
+        assert rows <= padded <= rows * 9 / 8 and padded >= previous
+        previous = padded
+    assert padded_rows(37) == 40 and padded_rows(8192) == 8192 and padded_rows(8193) == 9216
+    sizes = row_sizes(8192)
+    assert len(sizes) == EXACT_ROWS + 8 * 10 and sizes[-1] == 8192  # eight per doubling from 8 to 8192
+
+
+def test_a_padded_call_gives_each_row_what_it_gets_alone():
+    packed = PackedLinear(nn.Linear(64, 80))
+    x = torch.randn(37, 64)  # run as 40 rows
+    got = packed(x)
+    assert got.shape == (37, 80)
+    for i in (0, 20, 36):
+        assert torch.equal(got[i], packed(x[i : i + 1])[0])
+
+
+def test_warming_builds_each_layer_shape_once_per_padded_size():
+    from engine.cpu_linear import WARM_ROWS, row_sizes, warm_packed_linears
+
+    model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 16), nn.Linear(16, 32), nn.Linear(32, 16, bias=False))
+    pack_linears(model)
+    assert warm_packed_linears(model, 100) == 3 * len(row_sizes(100))  # (16, 32, bias) twice: one shape
+    assert warm_packed_linears(model, 100_000) == 3 * len(row_sizes(WARM_ROWS))

@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 
-from kernels import compiled, cpu_attention, reference
+from kernels import compiled, cpu_attention, cpu_prefill, reference
 from tests.test_kernels_reference import make_batch, naive, with_shared_prefixes
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
@@ -123,3 +123,37 @@ def test_decodes_of_very_different_lengths_are_split_into_calls():
     plan = cpu_attention.plan_decodes(batch["block_tables"], batch["seq_lens"], batch["query_start_loc"], 16)
     assert len(plan.calls) >= 2
     torch.testing.assert_close(cpu_attention.paged_attention(**batch).double(), naive(**batch), atol=1e-5, rtol=1e-5)
+
+
+LONG_CHUNKS = ([1, 100, 3, 70, 300], [30, 0, 20, 33, 0])  # prompts whole and after a cached prefix
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kernel", sorted(cpu_prefill.KERNELS))
+def test_both_prompt_kernels_equal_naive(kernel, dtype, monkeypatch):
+    monkeypatch.setenv(cpu_prefill.CHOICE_ENV, kernel)
+    batch = make_batch(*LONG_CHUNKS, 6, 2, dtype, seed=5)
+    got = cpu_attention.paged_attention(**batch)
+    torch.testing.assert_close(got.double(), naive(**batch), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def test_the_faster_prompt_kernel_is_timed_once_per_shape(monkeypatch):
+    monkeypatch.delenv(cpu_prefill.CHOICE_ENV, raising=False)
+    monkeypatch.setattr(cpu_prefill, "_choices", {})
+    timed = []
+    monkeypatch.setattr(cpu_prefill, "calibrate", lambda *key: timed.append(key) or "matmul")
+    batch = make_batch(*LONG_CHUNKS, 6, 2, torch.float32, seed=6)
+    for _ in range(3):
+        got = cpu_attention.paged_attention(**batch)
+    assert timed == [(torch.float32, 6, 2, batch["query"].shape[2], batch["k_cache"].shape[1])]
+    torch.testing.assert_close(got.double(), naive(**batch), atol=1e-5, rtol=1e-5)
+
+
+def test_calibration_names_one_of_the_kernels():
+    assert cpu_prefill.calibrate(torch.float32, 4, 2, 32, 16, tokens=96, repeats=1) in cpu_prefill.KERNELS
+
+
+def test_an_unknown_prompt_kernel_is_refused(monkeypatch):
+    monkeypatch.setenv(cpu_prefill.CHOICE_ENV, "flash")
+    with pytest.raises(ValueError, match=cpu_prefill.CHOICE_ENV):
+        cpu_attention.paged_attention(**make_batch(*LONG_CHUNKS, 6, 2, torch.float32))
