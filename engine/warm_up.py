@@ -9,6 +9,7 @@ import logging
 import torch
 
 from engine.config import ModelConfig
+from kernels.compiled import compiling_everything
 from engine.models.llama import AttentionInputs, LlamaForCausalLM
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,9 @@ def warm_up(model: LlamaForCausalLM, cfg: ModelConfig, block_size: int, device: 
     num_blocks = 1 + max(max(t) for _, _, t in seqs)
     shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
     scratch = (torch.randn(shape, device=device).to(dtype), torch.randn(shape, device=device).to(dtype))
-    for batch in (seqs, seqs[2:3]):
-        input_ids, inputs = _inputs(batch, cfg.num_layers, scratch, device)
-        hidden = model(input_ids, inputs)
-        model.compute_logits(hidden[-len(batch):])
+    with compiling_everything():  # small calls run eagerly, large ones must not compile mid-run
+        for batch in (seqs, seqs[2:3]):
+            input_ids, inputs = _inputs(batch, cfg.num_layers, scratch, device)
+            hidden = model(input_ids, inputs)
+            model.compute_logits(hidden[-len(batch):])
     log.debug("CPU kernels compiled for %s", dtype)

@@ -6,6 +6,7 @@ the per-op overhead, which on a small model's step costs more than the arithmeti
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 
@@ -28,17 +29,24 @@ def _configure_dynamo() -> None:
 
 class Compiled:
     """`fn`, compiled on first call; `fallback` (`fn` itself by default) from then on if compiling
-    it failed."""
+    it failed. Calls whose first argument has fewer than `eager_below` elements run `fn` eagerly:
+    a compiled call costs ~25 us of dynamo's bookkeeping, more than a few eager ops on a decode
+    step's rows."""
 
-    def __init__(self, fn, fallback=None):
+    force = False  # set by `compiling_everything`
+
+    def __init__(self, fn, fallback=None, eager_below: int = 0):
         self.fn = fn
         self.fallback = fallback or fn
+        self.eager_below = eager_below
         self.compiled = None
         self.failed = False
 
     def __call__(self, *args):
         if self.failed:
             return self.fallback(*args)
+        if args[0].numel() < self.eager_below and not Compiled.force:
+            return self.fn(*args)
         if self.compiled is None:
             _configure_dynamo()
             self.compiled = torch.compile(self.fn, dynamic=True, fullgraph=True)
@@ -50,7 +58,18 @@ class Compiled:
             return self.fallback(*args)
 
 
-rms_norm = Compiled(reference.rms_norm)
-fused_add_rms_norm = Compiled(reference.fused_add_rms_norm)
-apply_rotary = Compiled(reference.apply_rotary)
-silu_and_mul = Compiled(reference.silu_and_mul)
+@contextlib.contextmanager
+def compiling_everything():
+    """Within it, every call is compiled whatever its size (the engine's warm-up compiles them all)."""
+    before, Compiled.force = Compiled.force, True
+    try:
+        yield
+    finally:
+        Compiled.force = before
+
+
+# Where eager ran faster than compiled here (elements of the first argument, float32 and bfloat16)
+rms_norm = Compiled(reference.rms_norm, eager_below=64 * 1024)
+fused_add_rms_norm = Compiled(reference.fused_add_rms_norm, eager_below=64 * 1024)
+apply_rotary = Compiled(reference.apply_rotary, eager_below=8 * 1024)
+silu_and_mul = Compiled(reference.silu_and_mul, eager_below=512 * 1024)

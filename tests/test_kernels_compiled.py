@@ -44,6 +44,25 @@ def test_decode_kernel_equals_the_reference_decode(head_dim, block_size):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 2, 37])
 def test_pointwise_kernels_equal_the_reference(rows, dtype):
+    with compiled.compiling_everything():
+        _check_pointwise_kernels(rows, dtype)
+
+
+def test_small_calls_run_eagerly_and_large_ones_compiled(monkeypatch):
+    compiles = []
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiles.append(fn) or real_compile(fn, **kw))
+    kernel = compiled.Compiled(reference.silu_and_mul, eager_below=1000)
+    small, large = torch.randn(3, 64), torch.randn(40, 64)
+    assert torch.equal(kernel(small), reference.silu_and_mul(small)) and compiles == []
+    torch.testing.assert_close(kernel(large), reference.silu_and_mul(large))
+    assert compiles == [reference.silu_and_mul]
+    with compiled.compiling_everything():
+        torch.testing.assert_close(kernel(small), reference.silu_and_mul(small))
+    assert not compiled.Compiled.force
+
+
+def _check_pointwise_kernels(rows, dtype):
     gen = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, 96, generator=gen).to(dtype)
     residual = torch.randn(rows, 96, generator=gen).to(dtype)
