@@ -9,8 +9,8 @@ import logging
 import torch
 
 from engine.config import ModelConfig
-from kernels.compiled import compiling_everything
 from engine.models.llama import AttentionInputs, LlamaForCausalLM
+from kernels.compiled import compiling_everything
 
 log = logging.getLogger(__name__)
 LONG_PROMPT = 96  # longer than the chunks the decode kernels take
