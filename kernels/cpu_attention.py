@@ -67,11 +67,11 @@ def _tree_sum(products):
     return parts[0].sum(-1)
 
 
-def prefix_attention(query, k_cache, v_cache, prefix_blocks, tail_out, tail_lse, scale):
-    """`tail_out`/`tail_lse` (decode_attention over each row's own blocks) merged with the attention
-    over `prefix_blocks`, which every row shares. Per KV head, every row's queries of that head are
-    one block of queries against the prefix: one call of PyTorch's CPU flash attention (brgemm, AMX
-    for bfloat16), which also returns the log-sum-exp the merge needs. Float32 out, as the tail's."""
+def prefix_attention(query, k_cache, v_cache, prefix_blocks, scale):
+    """The attention of every row over `prefix_blocks`, which they all share, and its log-sum-exp
+    (to merge with the attention over each row's own tail). Per KV head, every row's queries of that
+    head are one block of queries against the prefix: one call of PyTorch's CPU flash attention
+    (brgemm, AMX for bfloat16), which also returns the log-sum-exp. Float32, as the tail's."""
     rows, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group, length = num_heads // num_kv_heads, prefix_blocks.shape[0] * block_size
@@ -83,7 +83,7 @@ def prefix_attention(query, k_cache, v_cache, prefix_blocks, tail_out, tail_lse,
                                                                           scale=scale)[:2]
     out = out.view(num_kv_heads, rows, group, head_dim).transpose(0, 1).reshape(rows, num_heads, head_dim)
     lse = lse.view(num_kv_heads, rows, group).transpose(0, 1).reshape(rows, num_heads)
-    return _merge(out.float(), lse, tail_out, tail_lse)
+    return out.float(), lse
 
 
 def softmax_lse(scores, scale):
@@ -129,7 +129,8 @@ class DecodeCall:
     """One kernel call over some of a step's decodes: their query rows (None: every row of the step, in
     order), block tables and context lengths (past the shared prefix, if any), at least two rows and
     two blocks (a size of one would be compiled apart, as a specialisation); `prefixes` are the
-    (first row, end row, shared blocks) of groups of rows that share prefix blocks."""
+    (first row, end row, shared blocks) of groups of rows that share prefix blocks: where there are
+    any, every row is in one, in order, so that one merge takes in every group's prefix."""
 
     tokens: torch.Tensor | None
     count: int  # real rows; the tensors may hold one more (a repeated row)
@@ -137,12 +138,18 @@ class DecodeCall:
     lens: torch.Tensor
     prefixes: list[tuple[int, int, torch.Tensor]]
 
+    def __post_init__(self):
+        if self.prefixes:
+            bounds = [0] + [end for _, end, _ in self.prefixes]
+            assert [start for start, _, _ in self.prefixes] == bounds[:-1] and bounds[-1] == self.tables.shape[0]
+
     def run(self, query, k_cache, v_cache, scale, out) -> None:
         q = query if self.tokens is None else query[self.tokens]
         result, lse = _decode(q, k_cache, v_cache, self.tables, self.lens, scale)
-        for start, end, blocks in self.prefixes:
-            result[start:end] = prefix_attention(q[start:end], k_cache, v_cache, blocks, result[start:end],
-                                                 lse[start:end], scale)
+        if self.prefixes:
+            outs, lses = zip(*(prefix_attention(q[start:end], k_cache, v_cache, blocks, scale)
+                               for start, end, blocks in self.prefixes))
+            result = _merge(torch.cat(outs), torch.cat(lses), result, lse)
         result = result[: self.count].to(out.dtype)
         if self.tokens is None:
             out.copy_(result)
