@@ -15,6 +15,7 @@ engine builds the primitives of the smaller ones at load (`warm_packed_linears`)
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
@@ -58,7 +59,7 @@ class PackedLinear(nn.Module):
         count = rows.shape[0]
         padded = padded_rows(count)
         if padded != count:
-            rows = torch.cat([rows, rows.new_zeros(padded - count, self.in_features)])
+            rows = F.pad(rows, (0, 0, 0, padded - count))
         out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
         return out[:count].view(*x.shape[:-1], self.out_features)
 

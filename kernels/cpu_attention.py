@@ -87,8 +87,8 @@ def prefix_attention(query, k_cache, v_cache, prefix_blocks, scale):
 
 
 def softmax_lse(scores, scale):
-    """softmax(scores * scale) along the last dimension, and its log-sum-exp, in float32."""
-    scores = scores.float() * scale
+    """softmax(scores * scale) along the last dimension, and its log-sum-exp."""
+    scores = scores * scale
     top = scores.amax(-1, keepdim=True)
     weights = torch.exp(scores - top)
     total = weights.sum(-1, keepdim=True)

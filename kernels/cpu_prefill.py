@@ -2,18 +2,17 @@
 queries against the context up to its last position are one matmul, the causal softmax a compiled
 kernel, and the weighted sum of values another matmul.
 
-PyTorch's flash SDPA on the CPU ran at ~75 GFLOP/s here in float32 and bfloat16 alike; the matmuls
-below run as linear layers on oneDNN (`linear`), several times faster. They run in the cache's dtype
-where oneDNN has fast kernels for it (`matmul_dtype`: bfloat16 goes to AMX or AVX-512 BF16, as
-`transformers` computes a bfloat16 model's scores in bfloat16 too), else in float32; the softmax
-is always float32. Scores are materialised a block of QUERY_BLOCK tokens at a time, so memory
-stays bounded by QUERY_BLOCK x the context.
+On an AMD EPYC PyTorch's flash SDPA ran at ~75 GFLOP/s in float32 and bfloat16 alike; the matmuls
+below run as linear layers on oneDNN (`linear`), several times faster there. They run in the
+cache's dtype where oneDNN has fast kernels for it (`matmul_dtype`: bfloat16 goes to AMX or AVX-512
+BF16, as `transformers` computes a bfloat16 model's scores in bfloat16 too), else in float32; the
+softmax is always float32. Scores are materialised a block of QUERY_BLOCK tokens at a time, so
+memory stays bounded by QUERY_BLOCK x the context.
 
-Which of the two is faster depends on the CPU: PyTorch's flash SDPA (`kernels.reference`) calls
-MKL and oneDNN's brgemm, which on Intel CPUs with AMX or AVX-512 ran 3-4x faster than the matmuls
-above, while on an AMD EPYC it ran at a third of their speed. `prefill_attention` therefore times
-both once per process and shape on a synthetic prompt (`calibrate`) and keeps the faster;
-PAGEDBATCH_CPU_PREFILL=sdpa or =matmul fixes the choice.
+Which of the two is faster depends on the CPU: PyTorch's flash SDPA (`kernels.reference`) calls MKL
+and oneDNN's brgemm, which on an Intel Xeon with AMX ran 3-4x faster than the matmuls above.
+`prefill_attention` therefore times both once per process and shape on a synthetic prompt
+(`calibrate`) and keeps the faster; PAGEDBATCH_CPU_PREFILL=sdpa or =matmul fixes the choice.
 """
 
 from __future__ import annotations
