@@ -120,8 +120,9 @@ def _reference_decode(query, k_cache, v_cache, block_tables, seq_lens, scale):
     return out.reshape(batch, num_heads, head_dim), lse.reshape(batch, num_heads)
 
 
-_decode = Compiled(decode_attention, fallback=_reference_decode)
-_merge = Compiled(merge_partial)
+_decode = Compiled(decode_attention, fallback=_reference_decode,
+                   varying={0: (0,), 1: (0,), 2: (0,), 3: (0, 1), 4: (0,)})
+_merge = Compiled(merge_partial, varying={0: (0,), 1: (0,), 2: (0,), 3: (0,)})
 
 
 @dataclass

@@ -56,7 +56,7 @@ def causal_softmax(scores, scale, first_position, group):
     return torch.softmax((scores.float() * scale).masked_fill(hidden, float("-inf")), dim=-1).to(scores.dtype)
 
 
-_causal_softmax = Compiled(causal_softmax)
+_causal_softmax = Compiled(causal_softmax, varying={0: (0, 1)})
 
 
 def prefill_attention(query, k_cache, v_cache, block_tables, lengths, starts, scale, out, seqs):

@@ -176,3 +176,44 @@ def test_an_unknown_prompt_kernel_is_refused(monkeypatch):
     monkeypatch.setenv(cpu_prefill.CHOICE_ENV, "flash")
     with pytest.raises(ValueError, match=cpu_prefill.CHOICE_ENV):
         cpu_attention.paged_attention(**make_batch(*LONG_CHUNKS, 6, 2, torch.float32))
+
+
+def test_only_the_varying_sizes_are_symbolic(monkeypatch):
+    """A kernel compiles once for every token count, but again for another hidden size (a constant)."""
+    graphs = []
+    real_compile = torch.compile
+
+    def counting_compile(fn, **kwargs):
+        def backend(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+        return real_compile(fn, backend=backend, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", counting_compile)
+    kernel = compiled.Compiled(reference.rms_norm)
+    weight = torch.randn(48)
+    for rows in (5, 9, 33):
+        x = torch.randn(rows, 48)
+        torch.testing.assert_close(kernel(x, weight, 1e-6), reference.rms_norm(x, weight, 1e-6))
+    assert len(graphs) == 1
+    x, weight = torch.randn(7, 64), torch.randn(64)
+    torch.testing.assert_close(kernel(x, weight, 1e-6), reference.rms_norm(x, weight, 1e-6))
+    assert len(graphs) == 2
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_after_the_warm_up_a_run_compiles_nothing(tiny_model, arch):
+    """Whatever the steps hold (prompts short and long, shared prefixes, decode batches of every
+    size), the kernels compiled at load serve them: a compile mid-run would stall it for seconds."""
+    from engine import LLM, SamplingParams
+
+    llm = LLM(str(tiny_model(arch)), device="cpu", dtype="float32", enable_prefix_caching=True, num_kv_blocks=256,
+              max_num_batched_tokens=512, attention_backend="compiled")
+    before = dict(torch._dynamo.utils.counters["stats"])
+    gen = torch.Generator().manual_seed(0)
+    system = torch.randint(4, 500, (40,), generator=gen).tolist()
+    prompts = [torch.randint(4, 500, (n,), generator=gen).tolist() for n in (3, 17, 200, 1, 90)]
+    prompts += [system + torch.randint(4, 500, (n,), generator=gen).tolist() for n in (2, 5, 30)]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (9, 2, 20, 33, 5, 12, 7, 25)]
+    llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert dict(torch._dynamo.utils.counters["stats"]) == before
