@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels import reference
-from kernels.compiled import Compiled
+from kernels.compiled import Compiled, first_dims
 from kernels.cpu_prefill import prefill_attention
 
 MIN_SAVING = 0.25  # a decode group is split where that saves this share of its padded work
@@ -120,9 +120,9 @@ def _reference_decode(query, k_cache, v_cache, block_tables, seq_lens, scale):
     return out.reshape(batch, num_heads, head_dim), lse.reshape(batch, num_heads)
 
 
-_decode = Compiled(decode_attention, fallback=_reference_decode,
-                   varying={0: (0,), 1: (0,), 2: (0,), 3: (0, 1), 4: (0,)})
-_merge = Compiled(merge_partial, varying={0: (0,), 1: (0,), 2: (0,), 3: (0,)})
+# the block tables vary in width too; the pool's block count only between engines
+_decode = Compiled(decode_attention, fallback=_reference_decode, varying={**first_dims(0, 1, 2, 4), 3: (0, 1)})
+_merge = Compiled(merge_partial, varying=first_dims(0, 1, 2, 3))
 
 
 @dataclass

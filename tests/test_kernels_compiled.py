@@ -9,6 +9,7 @@ import logging
 import pytest
 import torch
 
+from engine import LLM, SamplingParams
 from kernels import compiled, cpu_attention, cpu_prefill, reference
 from tests.test_kernels_reference import make_batch, naive, with_shared_prefixes
 
@@ -210,8 +211,6 @@ def test_only_the_varying_sizes_are_symbolic(monkeypatch):
 def test_after_the_warm_up_a_run_compiles_nothing(tiny_model, arch):
     """Whatever the steps hold (prompts short and long, shared prefixes, decode batches of every
     size), the kernels compiled at load serve them: a compile mid-run would stall it for seconds."""
-    from engine import LLM, SamplingParams
-
     llm = LLM(str(tiny_model(arch)), device="cpu", dtype="float32", enable_prefix_caching=True, num_kv_blocks=256,
               max_num_batched_tokens=512, attention_backend="compiled")
     before = dict(torch._dynamo.utils.counters["stats"])
