@@ -5,9 +5,9 @@ The reference gathers each decode's context out of the pool (`index_select`) and
 again for a batched matmul, at every layer: two copies of every context per step. Compiled by
 inductor (`kernels.compiled`), `decode_attention` is a few fused loops that load each key and value
 from its block directly. Decodes whose block tables start with the same blocks (a shared system
-prompt, sibling samples) read those blocks once for the whole group, as one flash-attention call over
-every member's queries (`prefix_attention`), and only their own tails through the kernel; the two partial results
-merge by their log-sum-exp. Which decode goes in which call is planned once per step
+prompt, sibling samples) read those blocks once for the whole group, every member's queries at once
+(`cpu_prefix`), and only their own tails through the kernel; the two partial results merge by their
+log-sum-exp. Which decode goes in which call is planned once per step
 (`DecodePlan`) and reused by every layer.
 """
 
@@ -21,6 +21,7 @@ import torch
 from kernels import reference
 from kernels.compiled import Compiled, first_dims
 from kernels.cpu_prefill import prefill_attention
+from kernels.cpu_prefix import PrefixPlan, grouped_prefix_attention, plan_prefixes
 
 MIN_SAVING = 0.25  # a decode group is split where that saves this share of its padded work
 MAX_GROUPS = 4
@@ -65,25 +66,6 @@ def _tree_sum(products):
     while len(parts) > 1:
         parts = [parts[i] + parts[i + 1] if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
     return parts[0].sum(-1)
-
-
-def prefix_attention(query, k_cache, v_cache, prefix_blocks, scale):
-    """The attention of every row over `prefix_blocks`, which they all share, and its log-sum-exp
-    (to merge with the attention over each row's own tail). Per KV head, every row's queries of that
-    head are one block of queries against the prefix: one call of PyTorch's CPU flash attention
-    (brgemm, AMX for bfloat16), which also returns the log-sum-exp. Float32, as the tail's."""
-    rows, num_heads, head_dim = query.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
-    group, length = num_heads // num_kv_heads, prefix_blocks.shape[0] * block_size
-    keys = k_cache[prefix_blocks].view(1, length, num_kv_heads, head_dim).transpose(1, 2)
-    values = v_cache[prefix_blocks].view(1, length, num_kv_heads, head_dim).transpose(1, 2)
-    queries = query.view(rows, num_kv_heads, group, head_dim).transpose(0, 1).reshape(1, num_kv_heads, rows * group,
-                                                                                        head_dim)
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(queries, keys, values, 0.0, False,
-                                                                          scale=scale)[:2]
-    out = out.view(num_kv_heads, rows, group, head_dim).transpose(0, 1).reshape(rows, num_heads, head_dim)
-    lse = lse.view(num_kv_heads, rows, group).transpose(0, 1).reshape(rows, num_heads)
-    return out.float(), lse
 
 
 def softmax_lse(scores, scale):
@@ -138,19 +120,28 @@ class DecodeCall:
     tables: torch.Tensor
     lens: torch.Tensor
     prefixes: list[tuple[int, int, torch.Tensor]]
+    prefix_plan: PrefixPlan | None = None
 
     def __post_init__(self):
         if self.prefixes:
             bounds = [0] + [end for _, end, _ in self.prefixes]
             assert [start for start, _, _ in self.prefixes] == bounds[:-1] and bounds[-1] == self.tables.shape[0]
 
+    def _prefix_plan(self, query, k_cache) -> PrefixPlan | None:
+        """How the prefixes are batched, planned at the first layer (bfloat16 only)."""
+        if k_cache.dtype != torch.bfloat16:
+            return None
+        if self.prefix_plan is None:
+            self.prefix_plan = plan_prefixes(self.prefixes, query.shape[1], k_cache.shape[2], k_cache.shape[1])
+        return self.prefix_plan
+
     def run(self, query, k_cache, v_cache, scale, out) -> None:
         q = query if self.tokens is None else query[self.tokens]
         result, lse = _decode(q, k_cache, v_cache, self.tables, self.lens, scale)
         if self.prefixes:
-            outs, lses = zip(*(prefix_attention(q[start:end], k_cache, v_cache, blocks, scale)
-                               for start, end, blocks in self.prefixes))
-            result = _merge(torch.cat(outs), torch.cat(lses), result, lse)
+            prefix_out, prefix_lse = grouped_prefix_attention(q, k_cache, v_cache, self.prefixes, scale,
+                                                              self._prefix_plan(q, k_cache))
+            result = _merge(prefix_out, prefix_lse, result, lse)
         result = result[: self.count].to(out.dtype)
         if self.tokens is None:
             out.copy_(result)

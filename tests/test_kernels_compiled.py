@@ -207,11 +207,12 @@ def test_only_the_varying_sizes_are_symbolic(monkeypatch):
     assert len(graphs) == 2
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_after_the_warm_up_a_run_compiles_nothing(tiny_model, arch):
+@pytest.mark.parametrize(("arch", "dtype"), [("llama", "float32"), ("qwen3", "float32"), ("llama", "bfloat16")])
+def test_after_the_warm_up_a_run_compiles_nothing(tiny_model, arch, dtype):
     """Whatever the steps hold (prompts short and long, shared prefixes, decode batches of every
-    size), the kernels compiled at load serve them: a compile mid-run would stall it for seconds."""
-    llm = LLM(str(tiny_model(arch)), device="cpu", dtype="float32", enable_prefix_caching=True, num_kv_blocks=256,
+    size), the kernels compiled at load serve them: a compile mid-run would stall it for seconds.
+    (bfloat16 batches the shared prefixes' attention: kernels of its own.)"""
+    llm = LLM(str(tiny_model(arch)), device="cpu", dtype=dtype, enable_prefix_caching=True, num_kv_blocks=256,
               max_num_batched_tokens=512, attention_backend="compiled")
     before = dict(torch._dynamo.utils.counters["stats"])
     gen = torch.Generator().manual_seed(0)

@@ -1,0 +1,163 @@
+"""Attention of decodes over the prefix blocks that their group shares (a system prompt, sibling
+samples), and its log-sum-exp, to merge with each row's attention over its own tail.
+
+A group's queries against its prefix are a small problem: a few dozen rows per KV head. PyTorch's
+CPU flash attention ran at ~130 GFLOP/s on it in bfloat16 (AMD EPYC, 32 decodes x 3 heads of 64 over
+512 tokens), where one batched matmul over every group and KV head of the step, a compiled masked
+softmax and a second batched matmul ran it ~2.5x faster: oneDNN's bfloat16 kernels only pay off
+on many matrices at once. The scores are then bfloat16, as `transformers` computes a bfloat16
+model's scores; the softmax and log-sum-exp are float32. Float32 goes to MKL's batched matmul,
+no faster than flash attention on AMD CPUs, so a float32 cache keeps flash attention, group by
+group, which computes its scores in float32.
+
+Groups are batched in order of size, padded to the largest rows and prefix of their batch (padded
+rows are dropped, padded prefix positions masked), each batch's scores bounded by SCORES_LIMIT
+elements; a group larger than that alone goes through flash attention, whose memory is bounded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.compiled import Compiled
+
+SCORES_LIMIT = 1 << 22  # scores of one batched call (x2 bytes, plus as many float32 in the softmax)
+MAX_PADDING = 2.0  # a batch computes at most this many times its groups' own scores
+
+
+def prefix_attention(query, k_cache, v_cache, prefix_blocks, scale):
+    """The attention of every row of `query` over `prefix_blocks`, which they all share, and its
+    log-sum-exp, both float32. Per KV head, every row's queries of that head are one block of queries
+    against the prefix: one call of PyTorch's CPU flash attention, which also returns the log-sum-exp."""
+    rows, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    group, length = num_heads // num_kv_heads, prefix_blocks.shape[0] * block_size
+    keys = k_cache[prefix_blocks].view(1, length, num_kv_heads, head_dim).transpose(1, 2)
+    values = v_cache[prefix_blocks].view(1, length, num_kv_heads, head_dim).transpose(1, 2)
+    queries = query.view(rows, num_kv_heads, group, head_dim).transpose(0, 1).reshape(1, num_kv_heads, rows * group,
+                                                                                        head_dim)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(queries, keys, values, 0.0, False,
+                                                                          scale=scale)[:2]
+    out = out.view(num_kv_heads, rows, group, head_dim).transpose(0, 1).reshape(rows, num_heads, head_dim)
+    lse = lse.view(num_kv_heads, rows, group).transpose(0, 1).reshape(rows, num_heads)
+    return out.float(), lse
+
+
+def weights_and_lse(scores, scale, bias):
+    """softmax(scores * scale + bias) along the last dimension in the scores' dtype, and its
+    log-sum-exp in float32; `bias` (-inf past a shorter prefix, 0 elsewhere) broadcasts over rows."""
+    scaled = scores.float() * scale + bias
+    top = scaled.amax(-1, keepdim=True)
+    weights = torch.exp(scaled - top)
+    total = weights.sum(-1, keepdim=True)
+    return (weights / total).to(scores.dtype), (top + total.log()).squeeze(-1)
+
+
+_weights_and_lse = Compiled(weights_and_lse, varying={0: (0, 1, 2), 2: (0, 2)})
+
+
+@dataclass
+class PrefixBatch:
+    """Groups computed in one batched call: `rows` [n, R] their rows (row 0 where a group has fewer
+    than R), `blocks` [n, W] their prefix blocks (block 0 past a shorter prefix), `bias` [n x KV heads,
+    1, W x block size] -inf past each group's prefix and 0 elsewhere, `picks` where each real row lies
+    among the n x R."""
+
+    rows: torch.Tensor
+    blocks: torch.Tensor
+    bias: torch.Tensor
+    picks: torch.Tensor
+
+
+@dataclass
+class PrefixPlan:
+    """How a step's bfloat16 groups are computed: in `batches`, and the groups in none (`alone`) by
+    flash attention; `order` takes the rows so computed back to row order."""
+
+    groups: list[tuple[int, int, torch.Tensor]]
+    batches: list[PrefixBatch]
+    alone: list[int]
+    order: torch.Tensor
+
+    def run(self, query, k_cache, v_cache, scale) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = [batched_prefix_attention(query, k_cache, v_cache, batch, scale) for batch in self.batches]
+        parts += [prefix_attention(query[start:end], k_cache, v_cache, blocks, scale)
+                  for start, end, blocks in (self.groups[g] for g in self.alone)]
+        out, lse = (torch.cat(p) for p in zip(*parts))
+        return out[self.order], lse[self.order]
+
+
+def grouped_prefix_attention(query, k_cache, v_cache, groups, scale, plan: PrefixPlan | None = None):
+    """The prefix attention and log-sum-exp of every row of `query`, in row order, for `groups`
+    (first row, end row, shared blocks) that cover the rows in order; `plan` (from `plan_prefixes`)
+    batches a bfloat16 cache's groups."""
+    if plan is None or k_cache.dtype != torch.bfloat16:
+        outs, lses = zip(*(prefix_attention(query[start:end], k_cache, v_cache, blocks, scale)
+                           for start, end, blocks in groups))
+        return torch.cat(outs), torch.cat(lses)
+    return plan.run(query, k_cache, v_cache, scale)
+
+
+def plan_prefixes(groups: list[tuple[int, int, torch.Tensor]], num_heads: int, num_kv_heads: int,
+                  block_size: int) -> PrefixPlan:
+    """Batches of groups of similar size, within SCORES_LIMIT and MAX_PADDING."""
+    sizes = [(end - start, blocks.shape[0] * block_size) for start, end, blocks in groups]  # rows, prefix
+    alone = [g for g, (rows, length) in enumerate(sizes) if rows * num_heads * length > SCORES_LIMIT]
+    batches, current = [], []
+    for g in sorted(set(range(len(groups))) - set(alone), key=lambda g: (sizes[g][1], sizes[g][0])):
+        trial = current + [g]
+        padded = len(trial) * max(sizes[i][0] for i in trial) * max(sizes[i][1] for i in trial)
+        if current and (padded * num_heads > SCORES_LIMIT
+                        or padded > MAX_PADDING * sum(sizes[i][0] * sizes[i][1] for i in trial)):
+            batches.append(current)
+            trial = [g]
+        current = trial
+    if current:
+        batches.append(current)
+    device = groups[0][2].device
+    row_order = [r for g in [g for members in batches for g in members] + alone for r in range(*groups[g][:2])]
+    order = torch.empty(len(row_order), dtype=torch.long)
+    order[torch.tensor(row_order)] = torch.arange(len(row_order))
+    planned = [_batch([groups[g] for g in members], num_kv_heads, block_size, device) for members in batches]
+    return PrefixPlan(groups, planned, alone, order.to(device))
+
+
+def _batch(members: list[tuple[int, int, torch.Tensor]], num_kv_heads: int, block_size: int, device) -> PrefixBatch:
+    width = max(blocks.shape[0] for _, _, blocks in members)
+    height = max(end - start for start, end, _ in members)
+    # a single matrix would be compiled apart (a size of one is specialised): compute the group twice
+    computed = members * 2 if len(members) * num_kv_heads == 1 else members
+    rows = [list(range(start, end)) + [0] * (height - (end - start)) for start, end, _ in computed]
+    tables = [blocks.tolist() + [0] * (width - blocks.shape[0]) for _, _, blocks in computed]
+    picks = [i * height + r for i, (start, end, _) in enumerate(members) for r in range(end - start)]
+    lengths = torch.tensor([blocks.shape[0] for _, _, blocks in computed], device=device)
+    past_end = torch.arange(width, device=device)[None, :] >= lengths[:, None]
+    bias = torch.zeros(past_end.shape, device=device).masked_fill(past_end, float("-inf"))
+    return PrefixBatch(
+        rows=torch.tensor(rows, dtype=torch.long, device=device),
+        blocks=torch.tensor(tables, dtype=torch.long, device=device),
+        bias=bias.repeat_interleave(block_size, dim=1).repeat_interleave(num_kv_heads, dim=0)[:, None, :],
+        picks=torch.tensor(picks, dtype=torch.long, device=device),
+    )
+
+
+def batched_prefix_attention(query, k_cache, v_cache, batch: PrefixBatch, scale):
+    """`prefix_attention` of every group of `batch` at once: as [groups x KV heads] matrices of
+    [rows x query heads per KV head] queries against [prefix] keys. Returns the rows in batch order."""
+    count, height = batch.rows.shape
+    _, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    group, length = num_heads // num_kv_heads, batch.blocks.shape[1] * block_size
+    queries = (query[batch.rows].view(count, height, num_kv_heads, group, head_dim).transpose(1, 2)
+               .reshape(count * num_kv_heads, height * group, head_dim))
+    keys = k_cache[batch.blocks].view(count, length, num_kv_heads, head_dim).transpose(1, 2)
+    values = v_cache[batch.blocks].view(count, length, num_kv_heads, head_dim).transpose(1, 2)
+    scores = torch.bmm(queries, keys.reshape(count * num_kv_heads, length, head_dim).transpose(1, 2))
+    weights, lse = _weights_and_lse(scores, scale, batch.bias)
+    out = torch.bmm(weights, values.reshape(count * num_kv_heads, length, head_dim))
+    out = out.view(count, num_kv_heads, height, group, head_dim).transpose(1, 2).reshape(count * height, num_heads,
+                                                                                           head_dim)
+    lse = lse.view(count, num_kv_heads, height, group).transpose(1, 2).reshape(count * height, num_heads)
+    return out[batch.picks].float(), lse[batch.picks]
