@@ -2,13 +2,14 @@
 samples), and its log-sum-exp, to merge with each row's attention over its own tail.
 
 A group's queries against its prefix are a small problem: a few dozen rows per KV head. PyTorch's
-CPU flash attention ran at ~130 GFLOP/s on it in bfloat16 (AMD EPYC, 32 decodes x 3 heads of 64 over
-512 tokens), where one batched matmul over every group and KV head of the step, a compiled masked
-softmax and a second batched matmul ran it ~2.5x faster: oneDNN's bfloat16 kernels only pay off
-on many matrices at once. The scores are then bfloat16, as `transformers` computes a bfloat16
-model's scores; the softmax and log-sum-exp are float32. Float32 goes to MKL's batched matmul,
-no faster than flash attention on AMD CPUs, so a float32 cache keeps flash attention, group by
-group, which computes its scores in float32.
+CPU flash attention ran at ~130 GFLOP/s on it in bfloat16 (AMD EPYC, 8 groups of 32 decodes x 3
+heads of 64 over 512 tokens), where one batched matmul over every group and KV head of the step, a
+compiled masked softmax and a second batched matmul ran it ~2.3x faster (`bench/cpu_prefix.py`):
+oneDNN's bfloat16 kernels only pay off on many matrices at once. The scores are then bfloat16, as
+`transformers` computes a bfloat16 model's scores; the softmax and log-sum-exp are float32. (Greedy
+bfloat16 outputs agreed with the float32 model's as often either way.) Float32 goes to MKL's
+batched matmul, no faster than flash attention on AMD CPUs, so a float32 cache keeps flash
+attention, group by group, which computes its scores in float32.
 
 Groups are batched in order of size, padded to the largest rows and prefix of their batch (padded
 rows are dropped, padded prefix positions masked), each batch's scores bounded by SCORES_LIMIT
