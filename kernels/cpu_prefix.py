@@ -133,13 +133,14 @@ def _batch(members: list[tuple[int, int, torch.Tensor]], num_kv_heads: int, bloc
     rows = [list(range(start, end)) + [0] * (height - (end - start)) for start, end, _ in computed]
     tables = [blocks.tolist() + [0] * (width - blocks.shape[0]) for _, _, blocks in computed]
     picks = [i * height + r for i, (start, end, _) in enumerate(members) for r in range(end - start)]
-    lengths = torch.tensor([blocks.shape[0] for _, _, blocks in computed], device=device)
-    past_end = torch.arange(width, device=device)[None, :] >= lengths[:, None]
-    bias = torch.zeros(past_end.shape, device=device).masked_fill(past_end, float("-inf"))
+    # made in its final shape: a view's base would be guarded too (one of size 1 compiled apart)
+    lengths = torch.tensor([blocks.shape[0] * block_size for _, _, blocks in computed for _ in range(num_kv_heads)],
+                           device=device)
+    past_end = torch.arange(width * block_size, device=device)[None, None, :] >= lengths[:, None, None]
     return PrefixBatch(
         rows=torch.tensor(rows, dtype=torch.long, device=device),
         blocks=torch.tensor(tables, dtype=torch.long, device=device),
-        bias=bias.repeat_interleave(block_size, dim=1).repeat_interleave(num_kv_heads, dim=0)[:, None, :],
+        bias=torch.zeros(past_end.shape, device=device).masked_fill(past_end, float("-inf")),
         picks=torch.tensor(picks, dtype=torch.long, device=device),
     )
 
