@@ -19,13 +19,14 @@ SHAPES = [(384, 640), (384, 2048), (1024, 384), (384, 6000)]  # (in, out): qkv, 
 ROWS = [1, 48, 512, 2048]
 
 
-def seconds(fn, x, repeat: int) -> float:
-    fn(x)
+def seconds(call, repeat: int) -> float:
+    """The best of three timings of `call()` (after one warm-up call), per call."""
+    call()
     best = float("inf")
     for _ in range(3):
         start = time.perf_counter()
         for _ in range(repeat):
-            fn(x)
+            call()
         best = min(best, (time.perf_counter() - start) / repeat)
     return best
 
@@ -44,8 +45,8 @@ def main() -> None:
                 packed = PackedLinear(linear)
                 x = torch.randn(rows, k, dtype=dtype)
                 flop = 2 * rows * k * n / 1e9
-                plain = seconds(lambda t, w=linear.weight: F.linear(t, w), x, args.repeat)
-                ours = seconds(packed, x, args.repeat)
+                plain = seconds(lambda w=linear.weight, x=x: F.linear(x, w), args.repeat)
+                ours = seconds(lambda p=packed, x=x: p(x), args.repeat)
                 print(f"| {str(dtype)[6:]} | {rows} | {k} x {n} | {flop / plain:,.0f} | {flop / ours:,.0f} "
                       f"| {plain / ours:.2f}x |", flush=True)
 

@@ -10,27 +10,16 @@ The engine batches bfloat16 only: this prints float32 too, to show why.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
+from bench.cpu_linear import seconds
 from engine.cpu_malloc import keep_freed_memory
 from kernels import cpu_prefix
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 6, 2, 64, 16
 # (groups, decodes per group, prefix tokens): the shared_prefix workload's step, fewer and longer, many small
 CASES = [(8, 32, 512), (2, 64, 1024), (16, 4, 128), (4, 16, 2048)]
-
-
-def seconds(fn, repeat: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(repeat):
-            fn()
-        best = min(best, (time.perf_counter() - start) / repeat)
-    return best
 
 
 def case(groups: int, rows: int, prefix: int, dtype: torch.dtype):

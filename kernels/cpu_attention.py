@@ -14,14 +14,14 @@ log-sum-exp. Which decode goes in which call is planned once per step
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from kernels import reference
 from kernels.compiled import Compiled, first_dims
 from kernels.cpu_prefill import prefill_attention
-from kernels.cpu_prefix import PrefixPlan, grouped_prefix_attention, plan_prefixes
+from kernels.cpu_prefix import BATCHED_DTYPES, PrefixPlan, grouped_prefix_attention, plan_prefixes
 
 MIN_SAVING = 0.25  # a decode group is split where that saves this share of its padded work
 MAX_GROUPS = 4
@@ -120,7 +120,7 @@ class DecodeCall:
     tables: torch.Tensor
     lens: torch.Tensor
     prefixes: list[tuple[int, int, torch.Tensor]]
-    prefix_plan: PrefixPlan | None = None
+    prefix_plan: PrefixPlan | None = field(default=None, init=False, repr=False)  # made by _prefix_plan
 
     def __post_init__(self):
         if self.prefixes:
@@ -128,8 +128,8 @@ class DecodeCall:
             assert [start for start, _, _ in self.prefixes] == bounds[:-1] and bounds[-1] == self.tables.shape[0]
 
     def _prefix_plan(self, query, k_cache) -> PrefixPlan | None:
-        """How the prefixes are batched, planned at the first layer (bfloat16 only)."""
-        if k_cache.dtype != torch.bfloat16:
+        """How the prefixes are batched, planned at the first layer (where the cache's dtype is batched)."""
+        if k_cache.dtype not in BATCHED_DTYPES:
             return None
         if self.prefix_plan is None:
             self.prefix_plan = plan_prefixes(self.prefixes, query.shape[1], k_cache.shape[2], k_cache.shape[1])

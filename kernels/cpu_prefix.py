@@ -26,6 +26,7 @@ from kernels.compiled import Compiled
 
 SCORES_LIMIT = 1 << 22  # scores of one batched call (x2 bytes, plus as many float32 in the softmax)
 MAX_PADDING = 2.0  # a batch computes at most this many times its groups' own scores
+BATCHED_DTYPES = (torch.bfloat16,)  # caches whose groups are batched; the others go group by group
 
 
 def prefix_attention(query, k_cache, v_cache, prefix_blocks, scale):
@@ -94,7 +95,7 @@ def grouped_prefix_attention(query, k_cache, v_cache, groups, scale, plan: Prefi
     """The prefix attention and log-sum-exp of every row of `query`, in row order, for `groups`
     (first row, end row, shared blocks) that cover the rows in order; `plan` (from `plan_prefixes`)
     batches a bfloat16 cache's groups."""
-    if plan is None or k_cache.dtype != torch.bfloat16:
+    if plan is None or k_cache.dtype not in BATCHED_DTYPES:
         outs, lses = zip(*(prefix_attention(query[start:end], k_cache, v_cache, blocks, scale)
                            for start, end, blocks in groups))
         return torch.cat(outs), torch.cat(lses)
