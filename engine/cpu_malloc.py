@@ -45,3 +45,12 @@ def keep_freed_memory() -> bool:
         _done.set()
         log.debug("glibc malloc: no mmap for large blocks, no trimming")
     return taken
+
+
+def prefault(nbytes: int) -> None:
+    """Map `nbytes` more of the heap now (allocated, written, freed): kept by `keep_freed_memory`, the
+    pages serve later allocations without faulting."""
+    if _done.is_set() and nbytes > 0:
+        import torch  # only the CPU engine calls this
+
+        torch.empty(nbytes, dtype=torch.uint8).fill_(0)

@@ -23,7 +23,7 @@ from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence
-from engine.warm_up import warm_up
+from engine.warm_up import warm_memory, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,8 @@ class ModelRunner:
         self.graph_runner = self._make_graph_runner()
         if self.ops.compiles_on_first_use:
             warm_up(self.model, model_config, self.block_size, device, dtype)
+            warm_memory(self.model, model_config, self.block_size, device, dtype, config.max_num_batched_tokens,
+                        config.max_num_seqs)
 
     @property
     def _captures_graphs(self) -> bool:

@@ -1,19 +1,25 @@
 """Compile the CPU engine's kernels when the model loads, not in its first steps (vLLM does the same):
 one forward over a small batch holding every kind of row the kernels treat apart, and one over a
-single token (a size of one compiles apart). Both run on scratch K/V: the pool is not touched."""
+single token (a size of one compiles apart). Then one step as large as the token budget allows
+(`warm_memory`), so that the first real one finds its working memory already mapped: the engine
+keeps freed memory (`engine.cpu_malloc`), and a first 8,192-token step spent half its time in page
+faults otherwise. All run on scratch K/V: the pool is not touched."""
 
 from __future__ import annotations
 
 import logging
+import resource
 
 import torch
 
 from engine.config import ModelConfig
+from engine.cpu_malloc import prefault
 from engine.models.llama import AttentionInputs, LlamaForCausalLM
 from kernels.compiled import compiling_everything
 
 log = logging.getLogger(__name__)
 LONG_PROMPT = 96  # longer than the chunks the decode kernels take
+PREFAULT_SHARE = 1  # heap mapped beyond the budget step's peak, in shares of that step's growth
 
 
 def _batch(block_size: int, max_len: int) -> list[tuple[int, int, list[int]]]:
@@ -60,3 +66,26 @@ def warm_up(model: LlamaForCausalLM, cfg: ModelConfig, block_size: int, device: 
             hidden = model(input_ids, inputs)
             model.compute_logits(hidden[-len(batch):])
     log.debug("CPU kernels compiled for %s", dtype)
+
+
+@torch.no_grad()
+def warm_memory(model: LlamaForCausalLM, cfg: ModelConfig, block_size: int, device: torch.device,
+                dtype: torch.dtype, max_tokens: int, max_rows: int) -> int:
+    """One forward of `max_tokens` prompt tokens (prompts of at most the context each) on scratch
+    K/V, and the logits of `max_rows` of them; returns the tokens run."""
+    seqs, start = [], 1  # block 0 stays unused
+    for first in range(0, max_tokens, cfg.max_model_len):
+        length = min(cfg.max_model_len, max_tokens - first)
+        blocks = -(-length // block_size)
+        seqs.append((length, length, list(range(start, start + blocks))))
+        start += blocks
+    shape = (start, block_size, cfg.num_kv_heads, cfg.head_dim)
+    scratch = (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+    input_ids, inputs = _inputs(seqs, cfg.num_layers, scratch, device)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    hidden = model(input_ids, inputs)
+    model.compute_logits(hidden[-min(max_rows, hidden.shape[0]):])
+    del hidden, scratch, inputs
+    # Real steps of that size (many sequences, shared prefixes) use more: as much again, mapped now.
+    prefault(PREFAULT_SHARE * (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+    return len(input_ids)
