@@ -20,6 +20,7 @@ import torch
 
 from kernels import reference
 from kernels.compiled import Compiled, first_dims
+from kernels.cpu_chunks import Chunk, ChunkBatch, chunk_attention, plan_chunks
 from kernels.cpu_prefill import prefill_attention
 from kernels.cpu_prefix import BATCHED_DTYPES, PrefixPlan, grouped_prefix_attention, plan_prefixes
 
@@ -28,6 +29,7 @@ MAX_GROUPS = 4
 # Chunks of up to this many new tokens go through the decode kernels, a row per token (a prompt's
 # tail after a cached prefix, say); longer ones through flash SDPA, one sequence at a time.
 SHORT_CHUNK = 64
+MIN_CHUNK_ROWS = 2  # single decodes stay with the kernel: as bmm per row they ran ~1.5x slower
 LANES = 16  # floats in an AVX-512 register
 
 
@@ -120,6 +122,13 @@ class DecodeCall:
     tables: torch.Tensor
     lens: torch.Tensor
     prefixes: list[tuple[int, int, torch.Tensor]]
+    # Where rows are tokens of short chunks, their attention past the prefixes goes by chunk
+    # (`cpu_chunks`) and only the other rows through the kernel: `kernel` (their rows, tables and
+    # lens; None if no row is left), `order` takes the kernel's rows and then the chunks' back to row order.
+    chunks: list[ChunkBatch] = field(default_factory=list)
+    kernel: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    kernel_count: int = 0
+    order: torch.Tensor | None = None
     prefix_plan: PrefixPlan | None = field(default=None, init=False, repr=False)  # made by _prefix_plan
 
     def __post_init__(self):
@@ -135,9 +144,22 @@ class DecodeCall:
             self.prefix_plan = plan_prefixes(self.prefixes, query.shape[1], k_cache.shape[2], k_cache.shape[1])
         return self.prefix_plan
 
+    def _tails(self, q, k_cache, v_cache, scale):
+        """Every row's attention over its context past the shared prefix, and its log-sum-exp."""
+        if not self.chunks:
+            return _decode(q, k_cache, v_cache, self.tables, self.lens, scale)
+        parts = []
+        if self.kernel is not None:
+            rows, tables, lens = self.kernel
+            out, lse = _decode(q[rows], k_cache, v_cache, tables, lens, scale)
+            parts.append((out[: self.kernel_count], lse[: self.kernel_count]))
+        parts += [chunk_attention(q, k_cache, v_cache, batch, scale) for batch in self.chunks]
+        out, lse = (torch.cat(p) for p in zip(*parts))
+        return out[self.order], lse[self.order]
+
     def run(self, query, k_cache, v_cache, scale, out) -> None:
         q = query if self.tokens is None else query[self.tokens]
-        result, lse = _decode(q, k_cache, v_cache, self.tables, self.lens, scale)
+        result, lse = self._tails(q, k_cache, v_cache, scale)
         if self.prefixes:
             prefix_out, prefix_lse = grouped_prefix_attention(q, k_cache, v_cache, self.prefixes, scale,
                                                               self._prefix_plan(q, k_cache))
@@ -180,20 +202,23 @@ def width_groups(widths: list[int], max_groups: int = MAX_GROUPS) -> list[list[i
     return groups
 
 
-def plan_decodes(block_tables, seq_lens, query_start_loc, block_size: int) -> DecodePlan:
+def plan_decodes(block_tables, seq_lens, query_start_loc, block_size: int,
+                 heads: tuple[int, int] | None = None) -> DecodePlan:
     """The step's kernel calls: every single-token query, and every query of a chunk of at most
-    SHORT_CHUNK tokens (each token a row of its own, its context ending at its position)."""
+    SHORT_CHUNK tokens (each token a row of its own, its context ending at its position). With
+    `heads` (query heads, KV heads) the chunks' rows are batched by chunk (`cpu_chunks`)."""
     starts, lengths = query_start_loc.tolist(), seq_lens.tolist()
     seqs = [i for i in range(len(lengths)) if 1 <= starts[i + 1] - starts[i] <= SHORT_CHUNK]
     device = block_tables.device
     seq_tables = block_tables[torch.tensor(seqs, device=device)].tolist() if seqs else []
-    tokens, tables, row_lens = [], [], []  # per row
+    tokens, tables, row_lens, row_seqs = [], [], [], []  # per row
     for i, table in zip(seqs, seq_tables):
         q_len = starts[i + 1] - starts[i]
         for j in range(q_len):
             tokens.append(starts[i] + j)
             tables.append(table)
             row_lens.append(lengths[i] - q_len + 1 + j)
+            row_seqs.append(i)
     groups = reference.shared_prefixes(tables, row_lens, block_size)
     calls = []
     shared_rows = [(members, shared) for members, shared in groups if shared]
@@ -204,29 +229,67 @@ def plan_decodes(block_tables, seq_lens, query_start_loc, block_size: int) -> De
                                                                                device=device)))
             rows.extend(members)
             tails.extend((tables[m][shared:], row_lens[m] - shared * block_size) for m in members)
-        calls.append(_call(rows, tails, tokens, prefixes, block_size, whole_step=False, device=device))
-    alone = [members for members, shared in groups if not shared]
-    for sub in width_groups([-(-row_lens[m] // block_size) for m in alone[0]]) if alone else []:
-        rows = [alone[0][j] for j in sub]
+        calls.append(_call(rows, tails, tokens, prefixes, block_size, whole_step=False, device=device,
+                           row_seqs=row_seqs, heads=heads))
+    alone = next((members for members, shared in groups if not shared), [])
+    chunk_rows = []
+    if heads is not None:  # the chunks' rows in one call of their own, batched by chunk there
+        in_chunk = [starts[row_seqs[m] + 1] - starts[row_seqs[m]] > 1 for m in alone]
+        chunk_rows = [m for m, chunked in zip(alone, in_chunk) if chunked]
+        alone = [m for m, chunked in zip(alone, in_chunk) if not chunked]
+    row_groups = [[alone[j] for j in sub] for sub in width_groups([-(-row_lens[m] // block_size) for m in alone])]
+    for rows in row_groups + ([chunk_rows] if chunk_rows else []):
         if len(rows) == 1:
             rows = rows * 2
         whole_step = [tokens[r] for r in rows] == list(range(starts[-1]))
         calls.append(_call(rows, [(tables[r], row_lens[r]) for r in rows], tokens, [], block_size, whole_step,
-                           device))
+                           device, row_seqs=row_seqs, heads=heads))
     long_chunks = [i for i in range(len(lengths)) if starts[i + 1] - starts[i] > SHORT_CHUNK]
     return DecodePlan(lengths, starts, calls, long_chunks)
 
 
-def _call(rows, tails, tokens, prefixes, block_size, whole_step, device) -> DecodeCall:
+def _call(rows, tails, tokens, prefixes, block_size, whole_step, device, row_seqs=None, heads=None) -> DecodeCall:
     """A DecodeCall over `rows` (indices into `tokens`), each with its (block table, context length)."""
     width = max(2, -(-max(n for _, n in tails) // block_size))
-    return DecodeCall(
+    call = DecodeCall(
         tokens=None if whole_step else torch.tensor([tokens[r] for r in rows], device=device),
         count=len(set(rows)),
-        tables=torch.tensor([_padded(t[:width], width) for t, _ in tails], dtype=torch.int32, device=device),
+        tables=_tables([t for t, _ in tails], width, device),
         lens=torch.tensor([n for _, n in tails], dtype=torch.int32, device=device),
         prefixes=prefixes,
     )
+    if heads is not None and row_seqs is not None:
+        _batch_chunks(call, rows, tails, row_seqs, heads, block_size, device)
+    return call
+
+
+def _batch_chunks(call: DecodeCall, rows, tails, row_seqs, heads, block_size, device) -> None:
+    """Take the call's rows that are tokens of one chunk out of the kernel, into chunk batches."""
+    by_seq: dict[int, list[int]] = {}
+    for position, r in enumerate(rows[: call.count]):  # not a repeated row
+        by_seq.setdefault(row_seqs[r], []).append(position)
+    chunks = [Chunk(positions, [tails[p][1] for p in positions], tails[positions[0]][0])
+              for positions in by_seq.values() if len(positions) >= MIN_CHUNK_ROWS]
+    if not chunks:
+        return
+    batches, left_out = plan_chunks(chunks, *heads, block_size, device)
+    if not batches:
+        return
+    batched = {p for batch in batches for p in batch.rows.flatten().tolist()}
+    kernel = [p for p in range(call.count) if p not in batched]
+    computed = kernel + [p for batch in batches for p in batch.rows.flatten()[batch.picks].tolist()]
+    order = torch.empty(len(computed), dtype=torch.long)
+    order[torch.tensor(computed)] = torch.arange(len(computed))
+    call.chunks, call.order, call.kernel_count = batches, order.to(device), len(kernel)
+    if kernel:
+        padded = kernel * 2 if len(kernel) == 1 else kernel  # a size of one would be compiled apart
+        width = call.tables.shape[1]
+        call.kernel = (torch.tensor(padded, device=device), _tables([tails[p][0] for p in padded], width, device),
+                       torch.tensor([tails[p][1] for p in padded], dtype=torch.int32, device=device))
+
+
+def _tables(tables: list[list[int]], width: int, device) -> torch.Tensor:
+    return torch.tensor([_padded(t[:width], width) for t in tables], dtype=torch.int32, device=device)
 
 
 def _padded(blocks: list[int], width: int) -> list[int]:
@@ -236,22 +299,22 @@ def _padded(blocks: list[int], width: int) -> list[int]:
 _plans = threading.local()
 
 
-def _step_plan(block_tables, seq_lens, query_start_loc, block_size: int) -> DecodePlan:
+def _step_plan(block_tables, seq_lens, query_start_loc, block_size: int, heads: tuple[int, int]) -> DecodePlan:
     """Every layer of a step gets the same metadata tensors: plan once, for as long as the same
     objects hold the same contents (static buffers are updated in place: their version changes)."""
     inputs = (block_tables, seq_lens, query_start_loc)
-    key = tuple((id(t), t._version) for t in inputs) + (block_size,)
+    key = tuple((id(t), t._version) for t in inputs) + (block_size, heads)
     cached = getattr(_plans, "entry", None)
     if cached is None or cached[0] != key:
         # the tensors stay referenced beside their key, so that no other tensor can take their ids
-        cached = _plans.entry = (key, inputs, plan_decodes(block_tables, seq_lens, query_start_loc, block_size))
+        cached = _plans.entry = (key, inputs, plan_decodes(block_tables, seq_lens, query_start_loc, block_size, heads))
     return cached[2]
 
 
 def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
     """`kernels.reference.paged_attention`'s contract."""
     out = torch.empty_like(query)
-    plan = _step_plan(block_tables, seq_lens, query_start_loc, k_cache.shape[1])
+    plan = _step_plan(block_tables, seq_lens, query_start_loc, k_cache.shape[1], (query.shape[1], k_cache.shape[2]))
     for call in plan.calls:
         call.run(query, k_cache, v_cache, scale, out)
     prefill_attention(query, k_cache, v_cache, block_tables, plan.lengths, plan.starts, scale, out, plan.long_chunks)
