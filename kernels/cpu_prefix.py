@@ -36,8 +36,8 @@ def prefix_attention(query, k_cache, v_cache, prefix_blocks, scale):
     rows, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group, length = num_heads // num_kv_heads, prefix_blocks.shape[0] * block_size
-    keys = k_cache[prefix_blocks].view(1, length, num_kv_heads, head_dim).transpose(1, 2)
-    values = v_cache[prefix_blocks].view(1, length, num_kv_heads, head_dim).transpose(1, 2)
+    keys = k_cache.index_select(0, prefix_blocks).view(1, length, num_kv_heads, head_dim).transpose(1, 2)
+    values = v_cache.index_select(0, prefix_blocks).view(1, length, num_kv_heads, head_dim).transpose(1, 2)
     queries = query.view(rows, num_kv_heads, group, head_dim).transpose(0, 1).reshape(1, num_kv_heads, rows * group,
                                                                                         head_dim)
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(queries, keys, values, 0.0, False,
@@ -155,8 +155,9 @@ def batched_prefix_attention(query, k_cache, v_cache, batch: PrefixBatch, scale)
     group, length = num_heads // num_kv_heads, batch.blocks.shape[1] * block_size
     queries = (query[batch.rows].view(count, height, num_kv_heads, group, head_dim).transpose(1, 2)
                .reshape(count * num_kv_heads, height * group, head_dim))
-    keys = k_cache[batch.blocks].view(count, length, num_kv_heads, head_dim).transpose(1, 2)
-    values = v_cache[batch.blocks].view(count, length, num_kv_heads, head_dim).transpose(1, 2)
+    blocks = batch.blocks.flatten()  # index_select copies whole blocks (~5x faster than indexing by [n, W])
+    keys = k_cache.index_select(0, blocks).view(count, length, num_kv_heads, head_dim).transpose(1, 2)
+    values = v_cache.index_select(0, blocks).view(count, length, num_kv_heads, head_dim).transpose(1, 2)
     scores = torch.bmm(queries, keys.reshape(count * num_kv_heads, length, head_dim).transpose(1, 2))
     weights, lse = _weights_and_lse(scores, scale, batch.bias)
     out = torch.bmm(weights, values.reshape(count * num_kv_heads, length, head_dim))
