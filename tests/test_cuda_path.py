@@ -339,3 +339,17 @@ def test_sampler_greedy_rows_and_logprobs_in_a_mixed_batch():
         assert entry.rank == int((raw[i] >= raw[i, tokens[i]]).sum())
         for t, v in zip(entry.top_ids, entry.top_values):
             assert v == pytest.approx(float(raw[i, t]), abs=1e-6)
+
+
+def test_greedy_takes_the_first_of_tied_maxima_as_argmax_does():
+    """The sampler's greedy pick (`max(...).indices`, faster than `argmax` on the CPU) ties as
+    argmax and transformers' greedy search: the lowest token id of the maximal logits."""
+    vocab = 6000
+    logits = torch.randn(64, vocab, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16).float()
+    tied = torch.arange(64) * 90 + 7
+    logits[torch.arange(64), tied] = 9.0
+    logits[torch.arange(64), tied + 3] = 9.0  # a second maximum after the first
+    logits[torch.arange(64), torch.clamp(tied - 5, min=0)] = 8.5
+    seqs = [Sequence(i, str(i), 0, [5, 6], SamplingParams(temperature=0.0)) for i in range(64)]
+    tokens, _ = Sampler(vocab, torch.device("cpu"), 0)(logits, seqs, [])
+    assert tokens == tied.tolist() == logits.argmax(dim=-1).tolist()
