@@ -110,6 +110,17 @@ _merge = Compiled(merge_partial, varying=first_dims(0, 1, 2, 3))
 
 
 @dataclass
+class KernelPart:
+    """Some rows of a decode call through the kernel: their positions in the call (a row repeated
+    where there is only one), how many are real, their block tables and context lengths."""
+
+    rows: torch.Tensor
+    count: int
+    tables: torch.Tensor
+    lens: torch.Tensor
+
+
+@dataclass
 class DecodeCall:
     """One kernel call over some of a step's decodes: their query rows (None: every row of the step, in
     order), block tables and context lengths (past the shared prefix, if any), at least two rows and
@@ -123,11 +134,10 @@ class DecodeCall:
     lens: torch.Tensor
     prefixes: list[tuple[int, int, torch.Tensor]]
     # Where rows are tokens of short chunks, their attention past the prefixes goes by chunk
-    # (`cpu_chunks`) and only the other rows through the kernel: `kernel` (their rows, tables and
-    # lens; None if no row is left), `order` takes the kernel's rows and then the chunks' back to row order.
+    # (`cpu_chunks`), and the other rows through the kernel in `kernels` (split by width where the
+    # tails differ); `order` takes the kernels' rows and then the chunks' back to row order.
     chunks: list[ChunkBatch] = field(default_factory=list)
-    kernel: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-    kernel_count: int = 0
+    kernels: list[KernelPart] = field(default_factory=list)
     order: torch.Tensor | None = None
     prefix_plan: PrefixPlan | None = field(default=None, init=False, repr=False)  # made by _prefix_plan
 
@@ -146,13 +156,12 @@ class DecodeCall:
 
     def _tails(self, q, k_cache, v_cache, scale):
         """Every row's attention over its context past the shared prefix, and its log-sum-exp."""
-        if not self.chunks:
+        if self.order is None:
             return _decode(q, k_cache, v_cache, self.tables, self.lens, scale)
         parts = []
-        if self.kernel is not None:
-            rows, tables, lens = self.kernel
-            out, lse = _decode(q[rows], k_cache, v_cache, tables, lens, scale)
-            parts.append((out[: self.kernel_count], lse[: self.kernel_count]))
+        for part in self.kernels:
+            out, lse = _decode(q[part.rows], k_cache, v_cache, part.tables, part.lens, scale)
+            parts.append((out[: part.count], lse[: part.count]))
         parts += [chunk_attention(q, k_cache, v_cache, batch, scale) for batch in self.chunks]
         out, lse = (torch.cat(p) for p in zip(*parts))
         return out[self.order], lse[self.order]
@@ -259,33 +268,35 @@ def _call(rows, tails, tokens, prefixes, block_size, whole_step, device, row_seq
         prefixes=prefixes,
     )
     if heads is not None and row_seqs is not None:
-        _batch_chunks(call, rows, tails, row_seqs, heads, block_size, device)
+        _plan_tails(call, rows, tails, row_seqs, heads, block_size, device)
     return call
 
 
-def _batch_chunks(call: DecodeCall, rows, tails, row_seqs, heads, block_size, device) -> None:
-    """Take the call's rows that are tokens of one chunk out of the kernel, into chunk batches."""
+def _plan_tails(call: DecodeCall, rows, tails, row_seqs, heads, block_size, device) -> None:
+    """Take the call's rows that are tokens of one chunk out of the kernel, into chunk batches, and
+    split the rest into kernel calls of similar widths (`width_groups`) where that saves work."""
     by_seq: dict[int, list[int]] = {}
     for position, r in enumerate(rows[: call.count]):  # not a repeated row
         by_seq.setdefault(row_seqs[r], []).append(position)
     chunks = [Chunk(positions, [tails[p][1] for p in positions], tails[positions[0]][0])
               for positions in by_seq.values() if len(positions) >= MIN_CHUNK_ROWS]
-    if not chunks:
-        return
-    batches, left_out = plan_chunks(chunks, *heads, block_size, device)
-    if not batches:
-        return
+    batches = plan_chunks(chunks, *heads, block_size, device)[0] if chunks else []
     batched = {p for batch in batches for p in batch.rows.flatten().tolist()}
     kernel = [p for p in range(call.count) if p not in batched]
-    computed = kernel + [p for batch in batches for p in batch.rows.flatten()[batch.picks].tolist()]
+    groups = [[kernel[j] for j in sub] for sub in width_groups([-(-tails[p][1] // block_size) for p in kernel])]
+    if not batches and len(groups) <= 1:
+        return  # the whole call through one kernel call
+    computed = [p for group in groups for p in group]
+    computed += [p for batch in batches for p in batch.rows.flatten()[batch.picks].tolist()]
     order = torch.empty(len(computed), dtype=torch.long)
     order[torch.tensor(computed)] = torch.arange(len(computed))
-    call.chunks, call.order, call.kernel_count = batches, order.to(device), len(kernel)
-    if kernel:
-        padded = kernel * 2 if len(kernel) == 1 else kernel  # a size of one would be compiled apart
-        width = call.tables.shape[1]
-        call.kernel = (torch.tensor(padded, device=device), _tables([tails[p][0] for p in padded], width, device),
-                       torch.tensor([tails[p][1] for p in padded], dtype=torch.int32, device=device))
+    call.chunks, call.order = batches, order.to(device)
+    for group in groups:
+        padded = group * 2 if len(group) == 1 else group  # a size of one would be compiled apart
+        width = max(2, -(-max(tails[p][1] for p in group) // block_size))
+        call.kernels.append(KernelPart(torch.tensor(padded, device=device), len(group),
+                                       _tables([tails[p][0] for p in padded], width, device),
+                                       torch.tensor([tails[p][1] for p in padded], dtype=torch.int32, device=device)))
 
 
 def _tables(tables: list[list[int]], width: int, device) -> torch.Tensor:

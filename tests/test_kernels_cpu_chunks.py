@@ -23,7 +23,8 @@ def share_first_blocks(batch, rows, blocks):
 
 
 def kernel_rows(plan) -> int:
-    return sum(call.kernel_count if call.chunks else call.count for call in plan.calls)
+    return sum(sum(part.count for part in call.kernels) if call.order is not None else call.count
+               for call in plan.calls)
 
 
 def batched_shapes(plan) -> list[tuple[int, int]]:
@@ -53,14 +54,15 @@ def test_chunks_equal_naive(heads, dtype, shared):
 def test_a_call_of_chunks_only_needs_no_kernel():
     batch = make_batch([3, 9, 30], [20, 0, 50], 6, 2, torch.float32, seed=1)
     calls = plan_of(batch).calls
-    assert calls and all(call.chunks and call.kernel is None for call in calls)
+    assert calls and all(call.chunks and not call.kernels for call in calls)
     torch.testing.assert_close(cpu_attention.paged_attention(**batch).double(), naive(**batch), atol=1e-5, rtol=1e-5)
 
 
 def test_one_decode_beside_chunks_is_computed_twice_not_compiled_apart():
     batch = share_first_blocks(make_batch([1, 9], [40, 20], 6, 2, torch.float32, seed=2), [0, 1], 1)
     (call,) = plan_of(batch).calls
-    assert call.kernel_count == 1 and call.kernel[0].shape[0] == 2
+    (part,) = call.kernels
+    assert part.count == 1 and part.rows.shape[0] == 2
     torch.testing.assert_close(cpu_attention.paged_attention(**batch).double(), naive(**batch), atol=1e-5, rtol=1e-5)
 
 
@@ -105,3 +107,12 @@ def test_each_row_sees_its_own_positions_only():
     weights, lse = cpu_chunks.masked_weights_and_lse(scores, 1.0, batch.visible)
     assert torch.equal((weights > 0).sum(-1), batch.visible.long())
     torch.testing.assert_close(lse, batch.visible.float().log())
+
+
+def test_decodes_sharing_a_prefix_with_tails_of_very_different_lengths_split_by_width():
+    batch = share_first_blocks(make_batch([1] * 6, [40, 300, 45, 290, 50, 35], 6, 2, torch.float32, seed=4),
+                               list(range(6)), 2)
+    (call,) = plan_of(batch).calls
+    assert len(call.prefixes) == 1 and len(call.kernels) >= 2 and not call.chunks
+    assert sorted(r for part in call.kernels for r in part.rows[: part.count].tolist()) == list(range(6))
+    torch.testing.assert_close(cpu_attention.paged_attention(**batch).double(), naive(**batch), atol=1e-5, rtol=1e-5)
