@@ -136,10 +136,11 @@ def shared_prefixes(tables: list[list[int]], lengths: list[int], block_size: int
         shared = 0
         if len(members) > 1:
             limit = (min(lengths[i] for i in members) - 1) // block_size
-            # rows of one prompt chunk hold the same table object: compare each table once
+            # rows of one prompt chunk hold the same table object: compare each table once; the
+            # blocks all tables start with are those the lowest and the highest of them start with
             distinct = list({id(tables[i]): tables[i] for i in members}.values())
-            first = distinct[0]
-            while shared < limit and all(table[shared] == first[shared] for table in distinct):
+            low, high = min(distinct), max(distinct)
+            while shared < limit and low[shared] == high[shared]:
                 shared += 1
         if shared:
             groups.append((members, shared))
