@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.compiled import Compiled
+from kernels.cpu_prefix import softmax_and_lse
 
 SCORES_LIMIT = 1 << 22  # scores of one batched call (x the dtype's bytes, plus as many float32)
 MAX_PADDING = 2.0  # a batch computes at most this many times its chunks' own scores
@@ -27,11 +28,7 @@ def masked_weights_and_lse(scores, scale, visible):
     """softmax(scores * scale) of [matrices, rows, positions] over each row's first `visible`
     ([matrices, rows]) positions, in the scores' dtype, and its log-sum-exp in float32."""
     hidden = torch.arange(scores.shape[-1], device=scores.device) >= visible[..., None]
-    scaled = (scores.float() * scale).masked_fill(hidden, float("-inf"))
-    top = scaled.amax(-1, keepdim=True)
-    weights = torch.exp(scaled - top)
-    total = weights.sum(-1, keepdim=True)
-    return (weights / total).to(scores.dtype), (top + total.log()).squeeze(-1)
+    return softmax_and_lse((scores.float() * scale).masked_fill(hidden, float("-inf")), scores.dtype)
 
 
 _masked_weights_and_lse = Compiled(masked_weights_and_lse, varying={0: (0, 1, 2), 2: (0, 1)})

@@ -47,14 +47,18 @@ def prefix_attention(query, k_cache, v_cache, prefix_blocks, scale):
     return out.float(), lse
 
 
-def weights_and_lse(scores, scale, bias):
-    """softmax(scores * scale + bias) along the last dimension in the scores' dtype, and its
-    log-sum-exp in float32; `bias` (-inf past a shorter prefix, 0 elsewhere) broadcasts over rows."""
-    scaled = scores.float() * scale + bias
+def softmax_and_lse(scaled, dtype):
+    """softmax(scaled) along the last dimension in `dtype`, and its log-sum-exp in float32."""
     top = scaled.amax(-1, keepdim=True)
     weights = torch.exp(scaled - top)
     total = weights.sum(-1, keepdim=True)
-    return (weights / total).to(scores.dtype), (top + total.log()).squeeze(-1)
+    return (weights / total).to(dtype), (top + total.log()).squeeze(-1)
+
+
+def weights_and_lse(scores, scale, bias):
+    """softmax(scores * scale + bias) along the last dimension in the scores' dtype, and its
+    log-sum-exp in float32; `bias` (-inf past a shorter prefix, 0 elsewhere) broadcasts over rows."""
+    return softmax_and_lse(scores.float() * scale + bias, scores.dtype)
 
 
 _weights_and_lse = Compiled(weights_and_lse, varying={0: (0, 1, 2), 2: (0, 2)})
