@@ -23,13 +23,7 @@ CASES = [(8, 32, 512), (2, 64, 1024), (16, 4, 128), (4, 16, 2048)]
 
 
 def case(groups: int, rows: int, prefix: int, dtype: torch.dtype):
-    blocks = prefix // BLOCK
-    shape = (groups * blocks + 1, BLOCK, KV_HEADS, HEAD_DIM)
-    k_cache, v_cache = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
-    pool = torch.randperm(shape[0])
-    spans = [(g * rows, (g + 1) * rows, pool[g * blocks : (g + 1) * blocks]) for g in range(groups)]
-    query = torch.randn(groups * rows, HEADS, HEAD_DIM).to(dtype)
-    return query, k_cache, v_cache, spans
+    return cpu_prefix.synthetic_groups(groups, rows, prefix, HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype)
 
 
 def main() -> None:

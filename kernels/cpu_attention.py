@@ -22,7 +22,7 @@ from kernels import reference
 from kernels.compiled import Compiled, first_dims
 from kernels.cpu_chunks import Chunk, ChunkBatch, chunk_attention, plan_chunks
 from kernels.cpu_prefill import prefill_attention
-from kernels.cpu_prefix import BATCHED_DTYPES, PrefixPlan, grouped_prefix_attention, plan_prefixes
+from kernels.cpu_prefix import PrefixPlan, batches_groups, grouped_prefix_attention, plan_prefixes
 
 MIN_SAVING = 0.25  # a decode group is split where that saves this share of its padded work
 MAX_GROUPS = 4
@@ -143,8 +143,8 @@ class DecodeCall:
             assert [start for start, _, _ in self.prefixes] == bounds[:-1] and bounds[-1] == self.tables.shape[0]
 
     def _prefix_plan(self, query, k_cache) -> PrefixPlan | None:
-        """How the prefixes are batched, planned at the first layer (where the cache's dtype is batched)."""
-        if k_cache.dtype not in BATCHED_DTYPES:
+        """How the prefixes are batched, planned at the first layer (where this CPU batches them)."""
+        if not batches_groups(k_cache.dtype, query.shape[1], *k_cache.shape[2:], k_cache.shape[1]):
             return None
         if self.prefix_plan is None:
             self.prefix_plan = plan_prefixes(self.prefixes, query.shape[1], k_cache.shape[2], k_cache.shape[1])

@@ -14,19 +14,34 @@ attention, group by group, which computes its scores in float32.
 Groups are batched in order of size, padded to the largest rows and prefix of their batch (padded
 rows are dropped, padded prefix positions masked), each batch's scores bounded by SCORES_LIMIT
 elements; a group larger than that alone goes through flash attention, whose memory is bounded.
+
+Which of the two is faster in bfloat16 depends on the CPU: on an Intel Xeon with AMX, flash attention
+group by group ran the shared-prefix workload ~10% faster end to end than the batched path. So
+`batches_groups` times both once per process and shape on a synthetic step (`calibrate`: 8 groups of
+32 decodes over 512 tokens) and keeps the faster; PAGEDBATCH_CPU_PREFIX=batched or =flash fixes it.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
+import time
 from dataclasses import dataclass
 
 import torch
 
 from kernels.compiled import Compiled
 
+log = logging.getLogger(__name__)
+
 SCORES_LIMIT = 1 << 22  # scores of one batched call (x2 bytes, plus as many float32 in the softmax)
 MAX_PADDING = 2.0  # a batch computes at most this many times its groups' own scores
-BATCHED_DTYPES = (torch.bfloat16,)  # caches whose groups are batched; the others go group by group
+BATCHED_DTYPES = (torch.bfloat16,)  # caches whose groups may be batched; the others go group by group
+CHOICE_ENV = "PAGEDBATCH_CPU_PREFIX"
+CALIBRATION = (8, 32, 512)  # groups x decodes x prefix tokens: a step of the shared-prefix workload
+_choices: dict[tuple, bool] = {}
+_choice_lock = threading.Lock()
 
 
 def prefix_attention(query, k_cache, v_cache, prefix_blocks, scale):
@@ -169,3 +184,53 @@ def batched_prefix_attention(query, k_cache, v_cache, batch: PrefixBatch, scale)
                                                                                            head_dim)
     lse = lse.view(count, num_kv_heads, height, group).transpose(1, 2).reshape(count * height, num_heads)
     return out[batch.picks].float(), lse[batch.picks]
+
+
+def batches_groups(dtype, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int) -> bool:
+    """Whether a step's groups over a cache of `dtype` go through the batched matmuls (else flash
+    attention group by group): bfloat16 only, where that is the faster here (timed once per shape)."""
+    if dtype not in BATCHED_DTYPES:
+        return False
+    fixed = os.environ.get(CHOICE_ENV)
+    if fixed:
+        if fixed not in ("batched", "flash"):
+            raise ValueError(f"{CHOICE_ENV}={fixed!r}: expected 'batched' or 'flash'")
+        return fixed == "batched"
+    key = (dtype, num_heads, num_kv_heads, head_dim, block_size)
+    with _choice_lock:
+        if key not in _choices:
+            _choices[key] = calibrate(*key)
+            log.info("CPU shared-prefix attention for %s: %s", key, "batched" if _choices[key] else "flash")
+    return _choices[key]
+
+
+def synthetic_groups(groups: int, rows: int, prefix: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                     block_size: int, dtype):
+    """Random queries, caches and `groups` spans of `rows` rows sharing `prefix` tokens of blocks each."""
+    blocks = prefix // block_size
+    shape = (groups * blocks + 1, block_size, num_kv_heads, head_dim)
+    k_cache, v_cache = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
+    pool = torch.randperm(shape[0])
+    spans = [(g * rows, (g + 1) * rows, pool[g * blocks : (g + 1) * blocks]) for g in range(groups)]
+    return torch.randn(groups * rows, num_heads, head_dim).to(dtype), k_cache, v_cache, spans
+
+
+@torch.no_grad()
+def calibrate(dtype, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, repeats: int = 3) -> bool:
+    """True where the batched path ran the CALIBRATION step faster than flash attention per group."""
+    query, k_cache, v_cache, spans = synthetic_groups(*CALIBRATION, num_heads, num_kv_heads, head_dim, block_size,
+                                                      dtype)
+    plan = plan_prefixes(spans, num_heads, num_kv_heads, block_size)
+    scale = head_dim**-0.5
+    kernels = {"flash": lambda: grouped_prefix_attention(query, k_cache, v_cache, spans, scale),
+               "batched": lambda: plan.run(query, k_cache, v_cache, scale)}
+    best = {}
+    for name, kernel in kernels.items():
+        kernel()  # compiles, allocates
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            kernel()
+            times.append(time.perf_counter() - start)
+        best[name] = min(times)
+    return best["batched"] < best["flash"]

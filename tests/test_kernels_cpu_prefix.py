@@ -107,3 +107,45 @@ def test_a_group_too_large_to_batch_goes_to_flash_attention(monkeypatch):
     monkeypatch.setattr(cpu_prefix, "prefix_attention", lambda *a: calls.append(a[0].shape[0]) or real(*a))
     check(query, k_cache, v_cache, groups, plan, 3e-2)
     assert calls == [2]
+
+
+def test_the_faster_of_batched_and_flash_is_timed_once_per_shape(monkeypatch):
+    monkeypatch.delenv(cpu_prefix.CHOICE_ENV, raising=False)
+    monkeypatch.setattr(cpu_prefix, "_choices", {})
+    timed = []
+    real = cpu_prefix.calibrate
+    monkeypatch.setattr(cpu_prefix, "calibrate", lambda *key: timed.append(key) or real(*key))
+    first = cpu_prefix.batches_groups(torch.bfloat16, 6, 2, 32, BLOCK)
+    assert all(cpu_prefix.batches_groups(torch.bfloat16, 6, 2, 32, BLOCK) == first for _ in range(3))
+    assert timed == [(torch.bfloat16, 6, 2, 32, BLOCK)]
+    assert not cpu_prefix.batches_groups(torch.float32, 6, 2, 32, BLOCK) and len(timed) == 1  # never batched
+    cpu_prefix.batches_groups(torch.bfloat16, 8, 1, 64, BLOCK)
+    assert len(timed) == 2
+
+
+def test_the_choice_can_be_fixed_and_a_bad_one_is_refused(monkeypatch):
+    monkeypatch.setattr(cpu_prefix, "calibrate", lambda *key: pytest.fail("timed although fixed"))
+    monkeypatch.setenv(cpu_prefix.CHOICE_ENV, "flash")
+    assert not cpu_prefix.batches_groups(torch.bfloat16, 6, 2, 32, BLOCK)
+    monkeypatch.setenv(cpu_prefix.CHOICE_ENV, "batched")
+    assert cpu_prefix.batches_groups(torch.bfloat16, 6, 2, 32, BLOCK)
+    monkeypatch.setenv(cpu_prefix.CHOICE_ENV, "fastest")
+    with pytest.raises(ValueError, match="PAGEDBATCH_CPU_PREFIX"):
+        cpu_prefix.batches_groups(torch.bfloat16, 6, 2, 32, BLOCK)
+
+
+@pytest.mark.parametrize("choice", ["batched", "flash"])
+def test_decodes_sharing_prefixes_equal_naive_either_way(monkeypatch, choice):
+    from kernels import cpu_attention
+    from tests.test_kernels_reference import make_batch, with_shared_prefixes
+    from tests.test_kernels_reference import naive as naive_attention
+
+    monkeypatch.setenv(cpu_prefix.CHOICE_ENV, choice)
+    prefix_calls = []
+    real = cpu_prefix.prefix_attention
+    monkeypatch.setattr(cpu_prefix, "prefix_attention", lambda *a: prefix_calls.append(1) or real(*a))
+    batch = with_shared_prefixes(make_batch([1] * 7 + [9], [60, 48, 70, 32, 20, 31, 40, 30], 6, 2, torch.bfloat16,
+                                            seed=6))
+    got = cpu_attention.paged_attention(**batch)
+    torch.testing.assert_close(got.double(), naive_attention(**batch), atol=3e-2, rtol=3e-2)
+    assert bool(prefix_calls) == (choice == "flash")
