@@ -207,11 +207,10 @@ def width_groups(widths: list[int], max_groups: int = MAX_GROUPS) -> list[list[i
     return groups
 
 
-def plan_decodes(block_tables, seq_lens, query_start_loc, block_size: int,
-                 heads: tuple[int, int] | None = None) -> DecodePlan:
+def plan_decodes(block_tables, seq_lens, query_start_loc, block_size: int, heads: tuple[int, int]) -> DecodePlan:
     """The step's kernel calls: every single-token query, and every query of a chunk of at most
-    SHORT_CHUNK tokens (each token a row of its own, its context ending at its position). With
-    `heads` (query heads, KV heads) the chunks' rows are batched by chunk (`cpu_chunks`)."""
+    SHORT_CHUNK tokens (each token a row of its own, its context ending at its position), the
+    chunks' rows batched by chunk (`cpu_chunks`); `heads` are (query heads, KV heads)."""
     starts, lengths = query_start_loc.tolist(), seq_lens.tolist()
     seqs = [i for i in range(len(lengths)) if 1 <= starts[i + 1] - starts[i] <= SHORT_CHUNK]
     device = block_tables.device
@@ -237,11 +236,10 @@ def plan_decodes(block_tables, seq_lens, query_start_loc, block_size: int,
         calls.append(_call(rows, tails, tokens, prefixes, block_size, whole_step=False, device=device,
                            row_seqs=row_seqs, heads=heads))
     alone = next((members for members, shared in groups if not shared), [])
-    chunk_rows = []
-    if heads is not None:  # the chunks' rows in one call of their own, batched by chunk there
-        in_chunk = [starts[row_seqs[m] + 1] - starts[row_seqs[m]] > 1 for m in alone]
-        chunk_rows = [m for m, chunked in zip(alone, in_chunk) if chunked]
-        alone = [m for m, chunked in zip(alone, in_chunk) if not chunked]
+    # the chunks' rows in one call of their own, batched by chunk there
+    in_chunk = [starts[row_seqs[m] + 1] - starts[row_seqs[m]] > 1 for m in alone]
+    chunk_rows = [m for m, chunked in zip(alone, in_chunk) if chunked]
+    alone = [m for m, chunked in zip(alone, in_chunk) if not chunked]
     row_groups = [[alone[j] for j in sub] for sub in width_groups([-(-row_lens[m] // block_size) for m in alone])]
     for rows in row_groups + ([chunk_rows] if chunk_rows else []):
         if len(rows) == 1:
@@ -253,7 +251,7 @@ def plan_decodes(block_tables, seq_lens, query_start_loc, block_size: int,
     return DecodePlan(lengths, starts, calls, long_chunks)
 
 
-def _call(rows, tails, tokens, prefixes, block_size, whole_step, device, row_seqs=None, heads=None) -> DecodeCall:
+def _call(rows, tails, tokens, prefixes, block_size, whole_step, device, row_seqs, heads) -> DecodeCall:
     """A DecodeCall over `rows` (indices into `tokens`), each with its (block table, context length)."""
     width = max(2, -(-max(n for _, n in tails) // block_size))
     call = DecodeCall(
@@ -263,8 +261,7 @@ def _call(rows, tails, tokens, prefixes, block_size, whole_step, device, row_seq
         lens=torch.tensor([n for _, n in tails], dtype=torch.int32, device=device),
         prefixes=prefixes,
     )
-    if heads is not None and row_seqs is not None:
-        _plan_tails(call, rows, tails, row_seqs, heads, block_size, device)
+    _plan_tails(call, rows, tails, row_seqs, heads, block_size, device)
     return call
 
 
@@ -276,8 +273,8 @@ def _plan_tails(call: DecodeCall, rows, tails, row_seqs, heads, block_size, devi
         by_seq.setdefault(row_seqs[r], []).append(position)
     chunks = [Chunk(positions, [tails[p][1] for p in positions], tails[positions[0]][0])
               for positions in by_seq.values() if len(positions) >= MIN_CHUNK_ROWS]
-    batches = plan_chunks(chunks, *heads, block_size, device)[0] if chunks else []
-    batched = {p for batch in batches for p in batch.rows.flatten().tolist()}
+    batches, left_out = plan_chunks(chunks, *heads, block_size, device) if chunks else ([], [])
+    batched = {p for chunk in chunks if all(chunk is not c for c in left_out) for p in chunk.rows}
     kernel = [p for p in range(call.count) if p not in batched]
     groups = [[kernel[j] for j in sub] for sub in width_groups([-(-tails[p][1] // block_size) for p in kernel])]
     if not batches and len(groups) <= 1:

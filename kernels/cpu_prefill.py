@@ -122,13 +122,19 @@ def calibrate(dtype, num_heads, num_kv_heads, head_dim, block_size, tokens: int 
     query = torch.randn(tokens, num_heads, head_dim).to(dtype)
     args = (query, k_cache, v_cache, torch.arange(blocks, dtype=torch.int32)[None], [tokens], [0, tokens],
             head_dim**-0.5, torch.empty_like(query), [0])
+    return fastest({name: lambda kernel=kernel: kernel(*args) for name, kernel in KERNELS.items()}, repeats)
+
+
+def fastest(runs: dict, repeats: int) -> str:
+    """The name of the fastest of `runs` (name -> call), each run once first (compiles, allocates),
+    then timed best of `repeats`."""
     best = {}
-    for name, kernel in KERNELS.items():
-        kernel(*args)  # compiles, allocates
+    for name, run in runs.items():
+        run()
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
-            kernel(*args)
+            run()
             times.append(time.perf_counter() - start)
         best[name] = min(times)
     return min(best, key=best.get)

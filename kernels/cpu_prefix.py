@@ -26,12 +26,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from dataclasses import dataclass
 
 import torch
 
 from kernels.compiled import Compiled
+from kernels.cpu_prefill import fastest
 
 log = logging.getLogger(__name__)
 
@@ -197,10 +197,11 @@ def batches_groups(dtype, num_heads: int, num_kv_heads: int, head_dim: int, bloc
             raise ValueError(f"{CHOICE_ENV}={fixed!r}: expected 'batched' or 'flash'")
         return fixed == "batched"
     key = (dtype, num_heads, num_kv_heads, head_dim, block_size)
-    with _choice_lock:
-        if key not in _choices:
-            _choices[key] = calibrate(*key)
-            log.info("CPU shared-prefix attention for %s: %s", key, "batched" if _choices[key] else "flash")
+    if key not in _choices:  # asked at every layer: the lock only until the choice is made
+        with _choice_lock:
+            if key not in _choices:
+                _choices[key] = calibrate(*key)
+                log.info("CPU shared-prefix attention for %s: %s", key, "batched" if _choices[key] else "flash")
     return _choices[key]
 
 
@@ -222,15 +223,6 @@ def calibrate(dtype, num_heads: int, num_kv_heads: int, head_dim: int, block_siz
                                                       dtype)
     plan = plan_prefixes(spans, num_heads, num_kv_heads, block_size)
     scale = head_dim**-0.5
-    kernels = {"flash": lambda: grouped_prefix_attention(query, k_cache, v_cache, spans, scale),
-               "batched": lambda: plan.run(query, k_cache, v_cache, scale)}
-    best = {}
-    for name, kernel in kernels.items():
-        kernel()  # compiles, allocates
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            kernel()
-            times.append(time.perf_counter() - start)
-        best[name] = min(times)
-    return best["batched"] < best["flash"]
+    runs = {"flash": lambda: grouped_prefix_attention(query, k_cache, v_cache, spans, scale),
+            "batched": lambda: plan.run(query, k_cache, v_cache, scale)}
+    return fastest(runs, repeats) == "batched"

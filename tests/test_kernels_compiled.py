@@ -113,7 +113,7 @@ def test_the_decode_kernel_falls_back_to_the_reference_decode(monkeypatch, share
 def test_decodes_sharing_prefix_blocks_equal_naive(heads, dtype):
     case = ([1, 1, 1, 1, 1, 1, 1, 9], [60, 48, 70, 32, 20, 31, 40, 30])
     batch = with_shared_prefixes(make_batch(*case, *heads, dtype, seed=4))
-    plan = cpu_attention.plan_decodes(batch["block_tables"], batch["seq_lens"], batch["query_start_loc"], 16)
+    plan = cpu_attention.plan_decodes(batch["block_tables"], batch["seq_lens"], batch["query_start_loc"], 16, heads)
     # decodes 0-3 share two blocks (3 is a block short of its token), 4-5 one; the 9-token chunk's
     # rows share their sequence's first block (its rows attend to 31..39 tokens)
     assert sorted(len(blocks) for c in plan.calls for _, _, blocks in c.prefixes) == [1, 1, 2]
@@ -140,7 +140,7 @@ def test_decodes_of_very_different_lengths_are_split_into_calls():
     assert sorted(i for g in groups for i in g) == list(range(7)) and len(groups) <= cpu_attention.MAX_GROUPS
     assert [2, 3, 5] in groups and any(set(g) >= {0, 1} for g in groups)
     batch = make_batch([1] * 6, [2, 300, 5, 290, 17, 3], 6, 2, torch.float32)
-    plan = cpu_attention.plan_decodes(batch["block_tables"], batch["seq_lens"], batch["query_start_loc"], 16)
+    plan = cpu_attention.plan_decodes(batch["block_tables"], batch["seq_lens"], batch["query_start_loc"], 16, (6, 2))
     assert len(plan.calls) >= 2
     torch.testing.assert_close(cpu_attention.paged_attention(**batch).double(), naive(**batch), atol=1e-5, rtol=1e-5)
 
