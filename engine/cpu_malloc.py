@@ -47,6 +47,25 @@ def keep_freed_memory() -> bool:
     return taken
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def heap_bytes() -> int:
+    """Bytes glibc holds from the kernel (every arena's heap and mmapped blocks; glibc 2.33+), else the
+    peak resident size. Not the current resident size: pages are counted once mapped, touched or not."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        libc.mallinfo2.restype = _MallInfo2
+        info = libc.mallinfo2()
+        return info.arena + info.hblkhd
+    except (OSError, AttributeError, TypeError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def prefault(nbytes: int) -> None:
     """Map `nbytes` more of the heap now (allocated, written, freed): kept by `keep_freed_memory`, the
     pages serve later allocations without faulting."""

@@ -8,12 +8,11 @@ faults otherwise. All run on scratch K/V: the pool is not touched."""
 from __future__ import annotations
 
 import logging
-import resource
 
 import torch
 
 from engine.config import ModelConfig
-from engine.cpu_malloc import prefault
+from engine.cpu_malloc import heap_bytes, prefault
 from engine.models.llama import AttentionInputs, LlamaForCausalLM
 from kernels.compiled import compiling_everything
 
@@ -82,10 +81,11 @@ def warm_memory(model: LlamaForCausalLM, cfg: ModelConfig, block_size: int, devi
     shape = (start, block_size, cfg.num_kv_heads, cfg.head_dim)
     scratch = (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
     input_ids, inputs = _inputs(seqs, cfg.num_layers, scratch, device)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = heap_bytes()
     hidden = model(input_ids, inputs)
     model.compute_logits(hidden[-min(max_rows, hidden.shape[0]):])
     del hidden, scratch, inputs
     # Real steps of that size (many sequences, shared prefixes) use more: as much again, mapped now.
-    prefault(PREFAULT_SHARE * (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+    # The heap's growth, not the peak resident size's: compiling at load may have set a higher peak.
+    prefault(PREFAULT_SHARE * (heap_bytes() - before))
     return len(input_ids)
