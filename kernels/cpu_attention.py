@@ -1,14 +1,14 @@
-"""The CPU engine's paged attention: decodes through compiled kernels that read K/V where they lie in
-the pool, prompts through `cpu_prefill`.
+"""The CPU engine's paged attention: decodes through kernels that read K/V where they lie in the pool,
+prompts through `cpu_prefill`.
 
 The reference gathers each decode's context out of the pool (`index_select`) and then lays it out
-again for a batched matmul, at every layer: two copies of every context per step. Compiled by
-inductor (`kernels.compiled`), `decode_attention` is a few fused loops that load each key and value
-from its block directly. Decodes whose block tables start with the same blocks (a shared system
-prompt, sibling samples) read those blocks once for the whole group, every member's queries at once
-(`cpu_prefix`), and only their own tails through the kernel; the two partial results merge by their
-log-sum-exp. Which decode goes in which call is planned once per step
-(`DecodePlan`) and reused by every layer.
+again for a batched matmul, at every layer: two copies of every context per step. The decode kernel
+loads each key and value from its block directly: our C++ one (`cpu_native`) where it can be built,
+else `decode_attention` compiled by inductor (`kernels.compiled`) into a few fused loops. Decodes
+whose block tables start with the same blocks (a shared system prompt, sibling samples) read those
+blocks once for the whole group, every member's queries at once (`cpu_prefix`), and only their own
+tails through the kernel; the two partial results merge by their log-sum-exp. Which decode goes in
+which call is planned once per step (`DecodePlan`) and reused by every layer.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels import reference
+from kernels import cpu_native, reference
 from kernels.compiled import Compiled, first_dims
 from kernels.cpu_chunks import Chunk, ChunkBatch, chunk_attention, plan_chunks
 from kernels.cpu_prefill import prefill_attention
@@ -102,6 +102,15 @@ def _reference_decode(query, k_cache, v_cache, block_tables, seq_lens, scale):
 
 # the block tables vary in width too; the pool's block count only between engines
 _decode = Compiled(decode_attention, fallback=_reference_decode, varying={**first_dims(0, 1, 2, 4), 3: (0, 1)})
+
+
+def decode_kernel(query, k_cache, v_cache, block_tables, seq_lens, scale):
+    """`decode_attention` through the native kernel where it takes the tensors (`cpu_native`), else
+    through inductor's."""
+    if cpu_native.supports(query, k_cache):
+        return cpu_native.decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale)
+    return _decode(query, k_cache, v_cache, block_tables, seq_lens, scale)
+
 _merge = Compiled(merge_partial, varying=first_dims(0, 1, 2, 3))
 
 
@@ -153,10 +162,10 @@ class DecodeCall:
     def _tails(self, q, k_cache, v_cache, scale):
         """Every row's attention over its context past the shared prefix, and its log-sum-exp."""
         if self.order is None:
-            return _decode(q, k_cache, v_cache, self.tables, self.lens, scale)
+            return decode_kernel(q, k_cache, v_cache, self.tables, self.lens, scale)
         parts = []
         for part in self.kernels:
-            out, lse = _decode(q[part.rows], k_cache, v_cache, part.tables, part.lens, scale)
+            out, lse = decode_kernel(q[part.rows], k_cache, v_cache, part.tables, part.lens, scale)
             parts.append((out[: part.count], lse[: part.count]))
         parts += [chunk_attention(q, k_cache, v_cache, batch, scale) for batch in self.chunks]
         out, lse = (torch.cat(p) for p in zip(*parts))

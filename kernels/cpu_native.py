@@ -1,0 +1,140 @@
+"""The CPU engine's native decode kernel (`csrc/cpu_decode.cpp`): built with the machine's C++ compiler
+at first use, for this CPU (-march=native), cached on disk, called through ctypes.
+
+Inductor's loops for the same attention (`cpu_attention.decode_attention`) spent ~50 cycles per score:
+a horizontal sum and a bounds-checked block lookup per element. The native kernel takes a row's
+query heads together per KV head, so each key and value is loaded once for the group.
+
+It runs in torch's own OpenMP thread pool (the library links libgomp by soname, which torch has
+already loaded), so it adds no threads of its own. PAGEDBATCH_CPU_NATIVE=off keeps the inductor
+kernel; so does a machine without a compiler, with a warning.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+ENV = "PAGEDBATCH_CPU_NATIVE"
+SOURCE = Path(__file__).with_name("csrc") / "cpu_decode.cpp"
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno"]
+_lock = threading.Lock()
+_library: ctypes.CDLL | None = None
+_loaded = False
+
+
+def _cpu_signature() -> str:
+    """What -march=native depends on: the CPU's model and flags."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return "\n".join(sorted({ln for ln in lines if ln.startswith(("model name", "flags", "Features"))}))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "pagedbatch" / "native"
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+
+
+def build(flags: list[str] | None = None) -> Path:
+    """The shared library for this source, compiler, flags and CPU; compiled unless cached. Raises
+    (RuntimeError, OSError) where it cannot be built."""
+    compiler = _compiler()
+    if compiler is None:
+        raise RuntimeError("no C++ compiler (c++, g++ or clang++; or set CXX)")
+    flags = FLAGS if flags is None else flags
+    source = SOURCE.read_bytes()
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), version.encode(),
+                                     _cpu_signature().encode()])).hexdigest()[:20]
+    target = _cache_dir() / f"cpu_decode-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # built beside the target and renamed into place: processes building at once each get a whole file
+    fd, partial = tempfile.mkstemp(dir=target.parent, suffix=".so.partial")
+    os.close(fd)
+    try:
+        done = subprocess.run([compiler, *flags, str(SOURCE), "-o", partial], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{compiler} failed on {SOURCE.name}:\n{done.stderr[-2000:]}")
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    return target
+
+
+def bind(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    lib.pb_supports_head_dim.argtypes = [ctypes.c_int]
+    lib.pb_supports_head_dim.restype = ctypes.c_int
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.pb_decode_attention.argtypes = [p, p, p, i, i, p, i, p, i, i, i, i, i, ctypes.c_float, p, p]
+    lib.pb_decode_attention.restype = ctypes.c_int
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernel, built on first call; None where it is turned off or cannot be built."""
+    global _library, _loaded
+    if _loaded:
+        return _library
+    with _lock:
+        if not _loaded:
+            if os.environ.get(ENV, "on") != "off":
+                try:
+                    _library = bind(build())
+                except (RuntimeError, OSError) as exc:
+                    log.warning("native CPU decode kernel unavailable, using the compiled torch one: %s", exc)
+            _loaded = True
+    return _library
+
+
+def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether the kernel takes this call's tensors: a CPU pool of float32 or bfloat16, laid out
+    contiguously, a head size it was built for, whole query groups."""
+    lib = library()
+    return (lib is not None and k_cache.device.type == "cpu" and k_cache.dtype in (torch.float32, torch.bfloat16)
+            and k_cache.is_contiguous() and query.shape[1] % k_cache.shape[2] == 0
+            and bool(lib.pb_supports_head_dim(k_cache.shape[3])))
+
+
+def decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale, lib: ctypes.CDLL | None = None):
+    """`cpu_attention.decode_attention`'s contract (output and log-sum-exp, float32), for tensors that
+    `supports` takes, through `lib` (the `library()` by default). A row of length 0 gives zeros and a
+    log-sum-exp of -inf."""
+    rows, heads, head_dim = query.shape
+    _, block_size, kv_heads, _ = k_cache.shape
+    assert v_cache.shape == k_cache.shape and v_cache.dtype == k_cache.dtype and v_cache.is_contiguous()
+    q = query.to(torch.float32).contiguous()
+    tables = block_tables.to(torch.int32).contiguous()
+    lengths = seq_lens.to(torch.int32).contiguous()
+    assert tables.shape[0] == rows and lengths.shape == (rows,)
+    out = torch.empty((rows, heads, head_dim), dtype=torch.float32)
+    lse = torch.empty((rows, heads), dtype=torch.float32)
+    status = (lib or library()).pb_decode_attention(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.bfloat16), k_cache.shape[0],
+        tables.data_ptr(), tables.shape[1], lengths.data_ptr(), rows, heads, kv_heads, head_dim, block_size,
+        float(scale), out.data_ptr(), lse.data_ptr())
+    if status == -1:
+        raise ValueError(f"the native decode kernel does not take head size {head_dim}")
+    if status != 0:
+        raise IndexError("a context runs past its block table or a block past the pool")
+    return out, lse
