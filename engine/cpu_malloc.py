@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
+import resource
 import threading
 
 log = logging.getLogger(__name__)
@@ -25,19 +27,30 @@ M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's malloc.h
 _done = threading.Event()
 
 
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    """The C library where it is glibc, else None."""
+    name = ctypes.util.find_library("c")
+    if name is None or not hasattr(os, "confstr"):
+        return None
+    try:
+        if "glibc" not in (os.confstr("CS_GNU_LIBC_VERSION") or "").lower():
+            return None
+        return ctypes.CDLL(name)
+    except (OSError, ValueError):
+        return None
+
+
 def keep_freed_memory() -> bool:
     """Once per process; True where glibc took the settings."""
     if _done.is_set():
         return True
     if os.environ.get(ENV, "keep") == "default":
         return False
-    name = ctypes.util.find_library("c")
-    if name is None or not hasattr(os, "confstr"):
+    libc = _glibc()
+    if libc is None:
         return False
     try:
-        if "glibc" not in (os.confstr("CS_GNU_LIBC_VERSION") or "").lower():
-            return False
-        libc = ctypes.CDLL(name)
         taken = libc.mallopt(M_MMAP_MAX, 0) == 1 and libc.mallopt(M_TRIM_THRESHOLD, ctypes.c_int(0x7FFFFFFF)) == 1
     except (OSError, ValueError, AttributeError):
         return False
@@ -55,15 +68,13 @@ class _MallInfo2(ctypes.Structure):
 def heap_bytes() -> int:
     """Bytes glibc holds from the kernel (every arena's heap and mmapped blocks; glibc 2.33+), else the
     peak resident size. Not the current resident size: pages are counted once mapped, touched or not."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        libc.mallinfo2.restype = _MallInfo2
-        info = libc.mallinfo2()
+    libc = _glibc()
+    mallinfo2 = getattr(libc, "mallinfo2", None) if libc is not None else None
+    if mallinfo2 is not None:
+        mallinfo2.restype = _MallInfo2
+        info = mallinfo2()
         return info.arena + info.hblkhd
-    except (OSError, AttributeError, TypeError):
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def prefault(nbytes: int) -> None:

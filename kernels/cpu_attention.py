@@ -102,6 +102,7 @@ def _reference_decode(query, k_cache, v_cache, block_tables, seq_lens, scale):
 
 # the block tables vary in width too; the pool's block count only between engines
 _decode = Compiled(decode_attention, fallback=_reference_decode, varying={**first_dims(0, 1, 2, 4), 3: (0, 1)})
+_merge = Compiled(merge_partial, varying=first_dims(0, 1, 2, 3))
 
 
 def decode_kernel(query, k_cache, v_cache, block_tables, seq_lens, scale):
@@ -110,8 +111,6 @@ def decode_kernel(query, k_cache, v_cache, block_tables, seq_lens, scale):
     if cpu_native.supports(query, k_cache):
         return cpu_native.decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale)
     return _decode(query, k_cache, v_cache, block_tables, seq_lens, scale)
-
-_merge = Compiled(merge_partial, varying=first_dims(0, 1, 2, 3))
 
 
 @dataclass

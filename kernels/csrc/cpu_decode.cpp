@@ -87,10 +87,14 @@ struct Row {
     int64_t head_offset;      // elements from a position's start to this KV head
 };
 
-template <typename T>
-static inline const T* position(const T* cache, const Row& row, int p) {
-    int64_t block = row.table[p / row.block_size];
-    return cache + (block * row.block_size + p % row.block_size) * row.position_stride + row.head_offset;
+// visit(p, the row's KV head at position p) for every position of the row's context, block by block.
+template <typename T, typename Visit>
+static inline void each_position(const T* cache, const Row& row, Visit visit) {
+    for (int start = 0, b = 0; start < row.length; start += row.block_size, b++) {
+        const T* at = cache + int64_t(row.table[b]) * row.block_size * row.position_stride + row.head_offset;
+        int end = std::min(row.length, start + row.block_size);
+        for (int p = start; p < end; p++, at += row.position_stride) visit(p, at);
+    }
 }
 
 // scores[g * ld + p] = q_g . k_p for the tile's TILE query heads (q already scaled, float32).
@@ -99,19 +103,15 @@ static void tile_scores(const float* q, const T* keys, const Row& row, float* sc
     vfloat qv[TILE][DV];
     for (int g = 0; g < TILE; g++)
         for (int c = 0; c < DV; c++) qv[g][c] = load(q + (g * DV + c) * LANES);
-    for (int start = 0; start < row.length; start += row.block_size) {
-        const T* k = position(keys, row, start);
-        int end = std::min(row.length, start + row.block_size);
-        for (int p = start; p < end; p++, k += row.position_stride) {
-            vfloat kv[DV];
-            for (int c = 0; c < DV; c++) kv[c] = load(k + c * LANES);
-            for (int g = 0; g < TILE; g++) {
-                vfloat acc = qv[g][0] * kv[0];
-                for (int c = 1; c < DV; c++) acc += qv[g][c] * kv[c];
-                scores[g * ld + p] = sum(acc);
-            }
+    each_position(keys, row, [&](int p, const T* k) {
+        vfloat kv[DV];
+        for (int c = 0; c < DV; c++) kv[c] = load(k + c * LANES);
+        for (int g = 0; g < TILE; g++) {
+            vfloat acc = qv[g][0] * kv[0];
+            for (int c = 1; c < DV; c++) acc += qv[g][c] * kv[c];
+            scores[g * ld + p] = sum(acc);
         }
-    }
+    });
 }
 
 // out_g = sum_p w[g * ld + p] v_p / totals[g] for the tile's query heads.
@@ -119,18 +119,14 @@ template <typename T, int DV, int TILE>
 static void tile_values(const float* weights, int ld, const float* totals, const T* values, const Row& row,
                         float* out) {
     vfloat acc[TILE][DV] = {};
-    for (int start = 0; start < row.length; start += row.block_size) {
-        const T* v = position(values, row, start);
-        int end = std::min(row.length, start + row.block_size);
-        for (int p = start; p < end; p++, v += row.position_stride) {
-            vfloat vv[DV];
-            for (int c = 0; c < DV; c++) vv[c] = load(v + c * LANES);
-            for (int g = 0; g < TILE; g++) {
-                vfloat w = splat(weights[g * ld + p]);
-                for (int c = 0; c < DV; c++) acc[g][c] += w * vv[c];
-            }
+    each_position(values, row, [&](int p, const T* v) {
+        vfloat vv[DV];
+        for (int c = 0; c < DV; c++) vv[c] = load(v + c * LANES);
+        for (int g = 0; g < TILE; g++) {
+            vfloat w = splat(weights[g * ld + p]);
+            for (int c = 0; c < DV; c++) acc[g][c] += w * vv[c];
         }
-    }
+    });
     for (int g = 0; g < TILE; g++)
         for (int c = 0; c < DV; c++) store(out + (g * DV + c) * LANES, acc[g][c] / totals[g]);
 }
