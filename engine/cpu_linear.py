@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.cpu_prefill import onednn_bf16
+
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 BATCH_HINT = 64  # oneDNN picks the packed layout for about this many rows; any count runs
 EXACT_ROWS = 8  # up to this many rows, every count is a size of its own
@@ -44,24 +46,30 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 class PackedLinear(nn.Module):
-    """`nn.Linear`'s forward over a oneDNN-packed copy of its weight (the plain one is dropped)."""
+    """`nn.Linear`'s forward over a oneDNN-packed copy of its weight (the plain one is dropped). Where
+    oneDNN has no bfloat16 kernels on this CPU (AVX2 only), a bfloat16 weight is packed as float32 and
+    the rows multiplied in float32, then rounded to bfloat16: what a bfloat16 GEMM, which accumulates
+    in float32, computes, ~7x faster there than torch's bfloat16 fallback, for twice the weight's memory."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach()
-        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(weight, BATCH_HINT),
+        self.dtype = weight.dtype
+        compute = torch.float32 if weight.dtype == torch.bfloat16 and not onednn_bf16() else weight.dtype
+        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(weight.to(compute), BATCH_HINT),
                              persistent=False)
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(compute),
+                                                                  requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
+        rows = x.reshape(-1, self.in_features).to(self.packed.dtype)
         count = rows.shape[0]
         padded = padded_rows(count)
         if padded != count:
             rows = F.pad(rows, (0, 0, 0, padded - count))
         out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
-        return out[:count].view(*x.shape[:-1], self.out_features)
+        return out[:count].view(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -74,12 +82,12 @@ def warm_packed_linears(model: nn.Module, max_rows: int) -> int:
     shapes = {}
     for module in model.modules():
         if isinstance(module, PackedLinear):
-            key = (module.in_features, module.out_features, module.packed.dtype, module.bias is None)
+            key = (module.in_features, module.out_features, module.dtype, module.bias is None)
             shapes.setdefault(key, module)
     sizes = row_sizes(min(max_rows, WARM_ROWS))
     for module in shapes.values():
         for rows in sizes:
-            module(torch.zeros(rows, module.in_features, dtype=module.packed.dtype, device=module.packed.device))
+            module(torch.zeros(rows, module.in_features, dtype=module.dtype, device=module.packed.device))
     return len(shapes) * len(sizes)
 
 

@@ -22,7 +22,7 @@ from kernels import cpu_native, reference
 from kernels.compiled import Compiled, first_dims
 from kernels.cpu_chunks import Chunk, ChunkBatch, chunk_attention, plan_chunks
 from kernels.cpu_prefill import prefill_attention
-from kernels.cpu_prefix import PrefixPlan, batches_groups, grouped_prefix_attention, plan_prefixes
+from kernels.cpu_prefix import grouped_prefix_attention, plan_for, prefix_kernel
 
 MIN_SAVING = 0.25  # a decode group is split where that saves this share of its padded work
 MAX_GROUPS = 4
@@ -140,23 +140,26 @@ class DecodeCall:
     # Where rows are tokens of short chunks, their attention past the prefixes goes by chunk
     # (`cpu_chunks`), and the other rows through the kernel in `kernels` (split by width where the
     # tails differ); `order` takes the kernels' rows and then the chunks' back to row order.
+    # Where the native kernels are chosen, the chunks' rows go instead in one `span_attention` call:
+    # `span_rows` (positions in the call, chunk by chunk) through `spans`.
     chunks: list[ChunkBatch] = field(default_factory=list)
+    span_rows: torch.Tensor | None = None
+    spans: cpu_native.Spans | None = None
     kernels: list[KernelPart] = field(default_factory=list)
     order: torch.Tensor | None = None
-    prefix_plan: PrefixPlan | None = field(default=None, init=False, repr=False)  # made by _prefix_plan
+    prefix_plan: object = field(default=None, init=False, repr=False)  # (plan,) once made by _prefix_plan
 
     def __post_init__(self):
         if self.prefixes:
             bounds = [0] + [end for _, end, _ in self.prefixes]
             assert [start for start, _, _ in self.prefixes] == bounds[:-1] and bounds[-1] == self.tables.shape[0]
 
-    def _prefix_plan(self, query, k_cache) -> PrefixPlan | None:
-        """How the prefixes are batched, planned at the first layer (where this CPU batches them)."""
-        if not batches_groups(k_cache.dtype, query.shape[1], *k_cache.shape[2:], k_cache.shape[1]):
-            return None
+    def _prefix_plan(self, query, k_cache):
+        """How the prefixes are computed (`cpu_prefix.plan_for`), planned at the first layer."""
         if self.prefix_plan is None:
-            self.prefix_plan = plan_prefixes(self.prefixes, query.shape[1], k_cache.shape[2], k_cache.shape[1])
-        return self.prefix_plan
+            kernel = prefix_kernel(k_cache.dtype, query.shape[1], *k_cache.shape[2:], k_cache.shape[1])
+            self.prefix_plan = (plan_for(kernel, self.prefixes, query.shape[1], k_cache.shape[2], k_cache.shape[1]),)
+        return self.prefix_plan[0]
 
     def _tails(self, q, k_cache, v_cache, scale):
         """Every row's attention over its context past the shared prefix, and its log-sum-exp."""
@@ -167,6 +170,8 @@ class DecodeCall:
             out, lse = decode_kernel(q[part.rows], k_cache, v_cache, part.tables, part.lens, scale)
             parts.append((out[: part.count], lse[: part.count]))
         parts += [chunk_attention(q, k_cache, v_cache, batch, scale) for batch in self.chunks]
+        if self.spans is not None:
+            parts.append(self.spans.run(q[self.span_rows], k_cache, v_cache, scale))
         out, lse = (torch.cat(p) for p in zip(*parts))
         return out[self.order], lse[self.order]
 
@@ -215,10 +220,12 @@ def width_groups(widths: list[int], max_groups: int = MAX_GROUPS) -> list[list[i
     return groups
 
 
-def plan_decodes(block_tables, seq_lens, query_start_loc, block_size: int, heads: tuple[int, int]) -> DecodePlan:
+def plan_decodes(block_tables, seq_lens, query_start_loc, block_size: int, heads: tuple[int, int],
+                 native_chunks: bool = False) -> DecodePlan:
     """The step's kernel calls: every single-token query, and every query of a chunk of at most
     SHORT_CHUNK tokens (each token a row of its own, its context ending at its position), the
-    chunks' rows batched by chunk (`cpu_chunks`); `heads` are (query heads, KV heads)."""
+    chunks' rows batched by chunk (`cpu_chunks`, or the native span kernel where `native_chunks`);
+    `heads` are (query heads, KV heads)."""
     starts, lengths = query_start_loc.tolist(), seq_lens.tolist()
     seqs = [i for i in range(len(lengths)) if 1 <= starts[i + 1] - starts[i] <= SHORT_CHUNK]
     device = block_tables.device
@@ -242,7 +249,7 @@ def plan_decodes(block_tables, seq_lens, query_start_loc, block_size: int, heads
             rows.extend(members)
             tails.extend((tables[m][shared:], row_lens[m] - shared * block_size) for m in members)
         calls.append(_call(rows, tails, tokens, prefixes, block_size, whole_step=False, device=device,
-                           row_seqs=row_seqs, heads=heads))
+                           row_seqs=row_seqs, heads=heads, native_chunks=native_chunks))
     alone = next((members for members, shared in groups if not shared), [])
     # the chunks' rows in one call of their own, batched by chunk there
     in_chunk = [starts[row_seqs[m] + 1] - starts[row_seqs[m]] > 1 for m in alone]
@@ -254,12 +261,12 @@ def plan_decodes(block_tables, seq_lens, query_start_loc, block_size: int, heads
             rows = rows * 2
         whole_step = [tokens[r] for r in rows] == list(range(starts[-1]))
         calls.append(_call(rows, [(tables[r], row_lens[r]) for r in rows], tokens, [], block_size, whole_step,
-                           device, row_seqs=row_seqs, heads=heads))
+                           device, row_seqs=row_seqs, heads=heads, native_chunks=native_chunks))
     long_chunks = [i for i in range(len(lengths)) if starts[i + 1] - starts[i] > SHORT_CHUNK]
     return DecodePlan(lengths, starts, calls, long_chunks)
 
 
-def _call(rows, tails, tokens, prefixes, block_size, whole_step, device, row_seqs, heads) -> DecodeCall:
+def _call(rows, tails, tokens, prefixes, block_size, whole_step, device, row_seqs, heads, native_chunks) -> DecodeCall:
     """A DecodeCall over `rows` (indices into `tokens`), each with its (block table, context length)."""
     width = max(2, -(-max(n for _, n in tails) // block_size))
     call = DecodeCall(
@@ -269,26 +276,34 @@ def _call(rows, tails, tokens, prefixes, block_size, whole_step, device, row_seq
         lens=torch.tensor([n for _, n in tails], dtype=torch.int32, device=device),
         prefixes=prefixes,
     )
-    _plan_tails(call, rows, tails, row_seqs, heads, block_size, device)
+    _plan_tails(call, rows, tails, row_seqs, heads, block_size, device, native_chunks)
     return call
 
 
-def _plan_tails(call: DecodeCall, rows, tails, row_seqs, heads, block_size, device) -> None:
-    """Take the call's rows that are tokens of one chunk out of the kernel, into chunk batches, and
-    split the rest into kernel calls of similar widths (`width_groups`) where that saves work."""
+def _plan_tails(call: DecodeCall, rows, tails, row_seqs, heads, block_size, device, native_chunks) -> None:
+    """Take the call's rows that are tokens of one chunk out of the kernel, into chunk batches (or
+    spans of the native kernel), and split the rest into kernel calls of similar widths
+    (`width_groups`) where that saves work."""
     by_seq: dict[int, list[int]] = {}
     for position, r in enumerate(rows[: call.count]):  # not a repeated row
         by_seq.setdefault(row_seqs[r], []).append(position)
     chunks = [Chunk(positions, [tails[p][1] for p in positions], tails[positions[0]][0])
               for positions in by_seq.values() if len(positions) >= MIN_CHUNK_ROWS]
-    batches, left_out = plan_chunks(chunks, *heads, block_size, device) if chunks else ([], [])
+    batches, left_out = [], []
+    if chunks and native_chunks:
+        call.span_rows = torch.tensor([p for chunk in chunks for p in chunk.rows], device=device)
+        call.spans = cpu_native.plan_spans([chunk.blocks for chunk in chunks], [len(chunk.rows) for chunk in chunks],
+                                           [n for chunk in chunks for n in chunk.lens], device)
+    elif chunks:
+        batches, left_out = plan_chunks(chunks, *heads, block_size, device)
     batched = {p for chunk in chunks if all(chunk is not c for c in left_out) for p in chunk.rows}
     kernel = [p for p in range(call.count) if p not in batched]
     groups = [[kernel[j] for j in sub] for sub in width_groups([-(-tails[p][1] // block_size) for p in kernel])]
-    if not batches and len(groups) <= 1:
+    if not batches and call.spans is None and len(groups) <= 1:
         return  # the whole call through one kernel call
     computed = [p for group in groups for p in group]
     computed += [p for batch in batches for p in batch.rows.flatten()[batch.picks].tolist()]
+    computed += [p for chunk in chunks for p in chunk.rows] if call.spans is not None else []
     order = torch.empty(len(computed), dtype=torch.long)
     order[torch.tensor(computed)] = torch.arange(len(computed))
     call.chunks, call.order = batches, order.to(device)
@@ -311,22 +326,28 @@ def _padded(blocks: list[int], width: int) -> list[int]:
 _plans = threading.local()
 
 
-def _step_plan(block_tables, seq_lens, query_start_loc, block_size: int, heads: tuple[int, int]) -> DecodePlan:
+def _step_plan(block_tables, seq_lens, query_start_loc, block_size: int, heads: tuple[int, int],
+               native_chunks: bool) -> DecodePlan:
     """Every layer of a step gets the same metadata tensors: plan once, for as long as the same
     objects hold the same contents (static buffers are updated in place: their version changes)."""
     inputs = (block_tables, seq_lens, query_start_loc)
-    key = tuple((id(t), t._version) for t in inputs) + (block_size, heads)
+    key = tuple((id(t), t._version) for t in inputs) + (block_size, heads, native_chunks)
     cached = getattr(_plans, "entry", None)
     if cached is None or cached[0] != key:
         # the tensors stay referenced beside their key, so that no other tensor can take their ids
-        cached = _plans.entry = (key, inputs, plan_decodes(block_tables, seq_lens, query_start_loc, block_size, heads))
+        plan = plan_decodes(block_tables, seq_lens, query_start_loc, block_size, heads, native_chunks)
+        cached = _plans.entry = (key, inputs, plan)
     return cached[2]
 
 
 def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
     """`kernels.reference.paged_attention`'s contract."""
     out = torch.empty_like(query)
-    plan = _step_plan(block_tables, seq_lens, query_start_loc, k_cache.shape[1], (query.shape[1], k_cache.shape[2]))
+    heads = (query.shape[1], k_cache.shape[2])
+    # the chunks' rows go to the native span kernel where it is the prefixes' choice
+    native_chunks = (cpu_native.supports(query, k_cache)
+                     and prefix_kernel(k_cache.dtype, *heads, k_cache.shape[3], k_cache.shape[1]) == "native")
+    plan = _step_plan(block_tables, seq_lens, query_start_loc, k_cache.shape[1], heads, native_chunks)
     for call in plan.calls:
         call.run(query, k_cache, v_cache, scale, out)
     prefill_attention(query, k_cache, v_cache, block_tables, plan.lengths, plan.starts, scale, out, plan.long_chunks)

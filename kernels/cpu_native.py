@@ -1,9 +1,12 @@
-"""The CPU engine's native decode kernel (`csrc/cpu_decode.cpp`): built with the machine's C++ compiler
-at first use, for this CPU (-march=native), cached on disk, called through ctypes.
+"""The CPU engine's native attention kernels (`csrc/`): built with the machine's C++ compiler at first
+use, for this CPU (-march=native), cached on disk, called through ctypes.
 
-Inductor's loops for the same attention (`cpu_attention.decode_attention`) spent ~50 cycles per score:
-a horizontal sum and a bounds-checked block lookup per element. The native kernel takes a row's
-query heads together per KV head, so each key and value is loaded once for the group.
+- `decode_attention` (`cpu_decode.cpp`): one query token per row. Inductor's loops for the same
+  attention (`cpu_attention.decode_attention`) spent ~50 cycles per score: a horizontal sum and a
+  bounds-checked block lookup per element. The native kernel takes a row's query heads together per
+  KV head, so each key and value is loaded once for the group.
+- `span_attention` (`cpu_spans.cpp`): many rows over one block table each (a prompt chunk's tokens,
+  decodes sharing a prefix), as small register-tiled matrix products with an online softmax.
 
 It runs in torch's own OpenMP thread pool (the library links libgomp by soname, which torch has
 already loaded), so it adds no threads of its own. PAGEDBATCH_CPU_NATIVE=off keeps the inductor
@@ -21,13 +24,15 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 log = logging.getLogger(__name__)
 ENV = "PAGEDBATCH_CPU_NATIVE"
-SOURCE = Path(__file__).with_name("csrc") / "cpu_decode.cpp"
+SOURCES = [Path(__file__).with_name("csrc") / name for name in ("cpu_decode.cpp", "cpu_spans.cpp")]
+HEADERS = [Path(__file__).with_name("csrc") / "cpu_vec.h"]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno"]
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
@@ -59,11 +64,11 @@ def build(flags: list[str] | None = None) -> Path:
     if compiler is None:
         raise RuntimeError("no C++ compiler (c++, g++ or clang++; or set CXX)")
     flags = FLAGS if flags is None else flags
-    source = SOURCE.read_bytes()
+    source = b"\0".join(path.read_bytes() for path in HEADERS + SOURCES)
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), version.encode(),
                                      _cpu_signature().encode()])).hexdigest()[:20]
-    target = _cache_dir() / f"cpu_decode-{key}.so"
+    target = _cache_dir() / f"cpu_attention-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -71,9 +76,9 @@ def build(flags: list[str] | None = None) -> Path:
     fd, partial = tempfile.mkstemp(dir=target.parent, suffix=".so.partial")
     os.close(fd)
     try:
-        done = subprocess.run([compiler, *flags, str(SOURCE), "-o", partial], capture_output=True, text=True)
+        done = subprocess.run([compiler, *flags, *map(str, SOURCES), "-o", partial], capture_output=True, text=True)
         if done.returncode != 0:
-            raise RuntimeError(f"{compiler} failed on {SOURCE.name}:\n{done.stderr[-2000:]}")
+            raise RuntimeError(f"{compiler} failed on {[path.name for path in SOURCES]}:\n{done.stderr[-2000:]}")
         os.replace(partial, target)
     finally:
         if os.path.exists(partial):
@@ -88,6 +93,8 @@ def bind(path: Path) -> ctypes.CDLL:
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.pb_decode_attention.argtypes = [p, p, p, i, i, p, i, p, i, i, i, i, i, ctypes.c_float, p, p]
     lib.pb_decode_attention.restype = ctypes.c_int
+    lib.pb_span_attention.argtypes = [p, p, p, i, i, p, i, p, i, p, i, i, i, i, i, ctypes.c_float, p, p]
+    lib.pb_span_attention.restype = ctypes.c_int
     return lib
 
 
@@ -102,18 +109,22 @@ def library() -> ctypes.CDLL | None:
                 try:
                     _library = bind(build())
                 except (RuntimeError, OSError) as exc:
-                    log.warning("native CPU decode kernel unavailable, using the compiled torch one: %s", exc)
+                    log.warning("native CPU attention kernels unavailable, using torch's: %s", exc)
             _loaded = True
     return _library
 
 
-def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether the kernel takes this call's tensors: a CPU pool of float32 or bfloat16, laid out
-    contiguously, a head size it was built for, whole query groups."""
+def takes(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Whether the kernels are here and take a pool of this dtype and these heads."""
     lib = library()
-    return (lib is not None and k_cache.device.type == "cpu" and k_cache.dtype in (torch.float32, torch.bfloat16)
-            and k_cache.is_contiguous() and query.shape[1] % k_cache.shape[2] == 0
-            and bool(lib.pb_supports_head_dim(k_cache.shape[3])))
+    return (lib is not None and dtype in (torch.float32, torch.bfloat16) and num_heads % num_kv_heads == 0
+            and bool(lib.pb_supports_head_dim(head_dim)))
+
+
+def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether the kernels take this call's tensors: a contiguous CPU pool that `takes`."""
+    return (k_cache.device.type == "cpu" and k_cache.is_contiguous()
+            and takes(k_cache.dtype, query.shape[1], k_cache.shape[2], k_cache.shape[3]))
 
 
 def decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale, lib: ctypes.CDLL | None = None):
@@ -138,3 +149,54 @@ def decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale, lib
     if status != 0:
         raise IndexError("a context runs past its block table or a block past the pool")
     return out, lse
+
+
+def span_attention(query, k_cache, v_cache, tables, bounds, lengths, scale, lib: ctypes.CDLL | None = None):
+    """Attention of spans of rows of `query` [R, H, D] that each read one block table: span s is rows
+    bounds[s][0] to bounds[s][1] (`bounds` [S, 2], spans apart) over `tables[s]` ([S, W]), row r
+    seeing the first lengths[r] positions (`lengths` [R]). Returns the output [R, H, D] and the
+    log-sum-exp [R, H], float32, for the spans' rows (rows in no span are left unwritten); a row of
+    length 0 gives zeros and -inf. For tensors that `supports` takes."""
+    rows, heads, head_dim = query.shape
+    _, block_size, kv_heads, _ = k_cache.shape
+    assert v_cache.shape == k_cache.shape and v_cache.dtype == k_cache.dtype and v_cache.is_contiguous()
+    q = query.to(torch.float32).contiguous()
+    tables = tables.to(torch.int32).contiguous()
+    bounds = bounds.to(torch.int32).contiguous()
+    lengths = lengths.to(torch.int32).contiguous()
+    assert bounds.shape == (tables.shape[0], 2) and lengths.shape == (rows,)
+    out = torch.empty((rows, heads, head_dim), dtype=torch.float32)
+    lse = torch.empty((rows, heads), dtype=torch.float32)
+    status = (lib or library()).pb_span_attention(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.bfloat16), k_cache.shape[0],
+        tables.data_ptr(), tables.shape[1], bounds.data_ptr(), tables.shape[0], lengths.data_ptr(), rows, heads,
+        kv_heads, head_dim, block_size, float(scale), out.data_ptr(), lse.data_ptr())
+    if status == -1:
+        raise ValueError(f"the native span kernel does not take head size {head_dim} with {heads}/{kv_heads} heads")
+    if status != 0:
+        raise IndexError("a span past the rows, a context past its block table or a block past the pool")
+    return out, lse
+
+
+@dataclass
+class Spans:
+    """A `span_attention` call planned once per step: spans of consecutive rows from 0 (`bounds`
+    [S, 2]), their block tables [S, W] and every row's context length."""
+
+    tables: torch.Tensor
+    bounds: torch.Tensor
+    lengths: torch.Tensor
+
+    def run(self, query, k_cache, v_cache, scale) -> tuple[torch.Tensor, torch.Tensor]:
+        return span_attention(query, k_cache, v_cache, self.tables, self.bounds, self.lengths, scale)
+
+
+def plan_spans(tables: list[list[int]], sizes: list[int], lengths: list[int], device) -> Spans:
+    """Spans of `sizes` consecutive rows each, span s over `tables[s]`, row r seeing lengths[r]."""
+    width = max(1, max(len(t) for t in tables))
+    ends = [sum(sizes[: s + 1]) for s in range(len(sizes))]
+    return Spans(
+        tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=device),
+        bounds=torch.tensor([[end - size, end] for size, end in zip(sizes, ends)], dtype=torch.int32, device=device),
+        lengths=torch.tensor(lengths, dtype=torch.int32, device=device),
+    )

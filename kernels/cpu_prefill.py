@@ -11,8 +11,10 @@ memory stays bounded by QUERY_BLOCK x the context.
 
 Which of the two is faster depends on the CPU: PyTorch's flash SDPA (`kernels.reference`) calls MKL
 and oneDNN's brgemm, which on an Intel Xeon with AMX ran 3-4x faster than the matmuls above.
-`prefill_attention` therefore times both once per process and shape on a synthetic prompt
-(`calibrate`) and keeps the faster; PAGEDBATCH_CPU_PREFILL=sdpa or =matmul fixes the choice.
+Where the native kernels are built, `cpu_native.span_attention` is a third choice (each sequence a
+span of rows over its block table). `prefill_attention` therefore times those usable here once per
+process and shape on a synthetic prompt (`calibrate`) and keeps the fastest;
+PAGEDBATCH_CPU_PREFILL=sdpa, =matmul or =native fixes the choice (sdpa where native cannot run).
 """
 
 from __future__ import annotations
@@ -24,13 +26,19 @@ import time
 
 import torch
 
-from kernels import reference
+from kernels import cpu_native, reference
 from kernels.compiled import Compiled
 
 log = logging.getLogger(__name__)
 QUERY_BLOCK = 256
 CALIBRATION_TOKENS = 1024
 CHOICE_ENV = "PAGEDBATCH_CPU_PREFILL"
+
+
+def onednn_bf16() -> bool:
+    """Whether oneDNN has bfloat16 kernels on this CPU (AVX-512 BW/VL/DQ, AVX-NE-CONVERT or AMX): without
+    them it refuses to pack or multiply bfloat16."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def linear(x, weight):
@@ -42,8 +50,9 @@ def linear(x, weight):
 
 
 def matmul_dtype(cache_dtype: torch.dtype) -> torch.dtype:
-    """The dtype the attention matmuls run in for a cache of `cache_dtype`."""
-    return torch.bfloat16 if cache_dtype == torch.bfloat16 else torch.float32
+    """The dtype the attention matmuls run in for a cache of `cache_dtype`: bfloat16 where oneDNN has
+    kernels for it on this CPU."""
+    return torch.bfloat16 if cache_dtype == torch.bfloat16 and onednn_bf16() else torch.float32
 
 
 def causal_softmax(scores, scale, first_position, group):
@@ -93,7 +102,26 @@ def matmul_prefill_attention(query, k_cache, v_cache, block_tables, lengths, sta
                 out[tokens, heads] = block.view(last - first, group, head_dim).to(out.dtype)
 
 
-KERNELS = {"sdpa": reference.prefill_attention, "matmul": matmul_prefill_attention}
+def native_prefill_attention(query, k_cache, v_cache, block_tables, lengths, starts, scale, out, seqs):
+    """`prefill_attention` through the native span kernel (`cpu_native`): each sequence's new tokens
+    one span over its block table, token j of a chunk of n seeing its context up to itself."""
+    row_lens = torch.zeros(query.shape[0], dtype=torch.int32)
+    for i in seqs:
+        q_len = starts[i + 1] - starts[i]
+        row_lens[starts[i] : starts[i + 1]] = torch.arange(lengths[i] - q_len + 1, lengths[i] + 1)
+    bounds = torch.tensor([[starts[i], starts[i + 1]] for i in seqs], dtype=torch.int32)
+    tables = block_tables[torch.tensor(seqs, device=block_tables.device)]
+    result, _ = cpu_native.span_attention(query, k_cache, v_cache, tables, bounds, row_lens.to(query.device), scale)
+    for i in seqs:
+        out[starts[i] : starts[i + 1]] = result[starts[i] : starts[i + 1]].to(out.dtype)
+
+
+KERNELS = {"sdpa": reference.prefill_attention, "matmul": matmul_prefill_attention,
+           "native": native_prefill_attention}
+
+
+def usable(name: str, dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    return name != "native" or cpu_native.takes(dtype, num_heads, num_kv_heads, head_dim)
 _choices: dict[tuple, str] = {}
 _choice_lock = threading.Lock()
 
@@ -103,7 +131,7 @@ def _choice(dtype, num_heads, num_kv_heads, head_dim, block_size):
     if fixed:
         if fixed not in KERNELS:
             raise ValueError(f"{CHOICE_ENV}={fixed!r}: expected one of {sorted(KERNELS)}")
-        return KERNELS[fixed]
+        return KERNELS[fixed if usable(fixed, dtype, num_heads, num_kv_heads, head_dim) else "sdpa"]
     key = (dtype, num_heads, num_kv_heads, head_dim, block_size)
     with _choice_lock:
         if key not in _choices:
@@ -122,7 +150,8 @@ def calibrate(dtype, num_heads, num_kv_heads, head_dim, block_size, tokens: int 
     query = torch.randn(tokens, num_heads, head_dim).to(dtype)
     args = (query, k_cache, v_cache, torch.arange(blocks, dtype=torch.int32)[None], [tokens], [0, tokens],
             head_dim**-0.5, torch.empty_like(query), [0])
-    return fastest({name: lambda kernel=kernel: kernel(*args) for name, kernel in KERNELS.items()}, repeats)
+    return fastest({name: lambda kernel=kernel: kernel(*args) for name, kernel in KERNELS.items()
+                    if usable(name, dtype, num_heads, num_kv_heads, head_dim)}, repeats)
 
 
 def fastest(runs: dict, repeats: int) -> str:

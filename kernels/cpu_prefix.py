@@ -15,10 +15,16 @@ Groups are batched in order of size, padded to the largest rows and prefix of th
 rows are dropped, padded prefix positions masked), each batch's scores bounded by SCORES_LIMIT
 elements; a group larger than that alone goes through flash attention, whose memory is bounded.
 
-Which of the two is faster in bfloat16 depends on the CPU: on an Intel Xeon with AMX, flash attention
-group by group ran the shared-prefix workload ~10% faster end to end than the batched path. So
-`batches_groups` times both once per process and shape on a synthetic step (`calibrate`: 8 groups of
-32 decodes over 512 tokens) and keeps the faster; PAGEDBATCH_CPU_PREFIX=batched or =flash fixes it.
+Where the native kernels are built (`cpu_native`), the groups can also go in one `span_attention`
+call, each group a span of rows over its prefix blocks, in float32 and bfloat16: on an AMD EPYC
+without AVX-512 it ran a step of 8 groups of 32 decodes over 512 tokens in 3.5 ms, flash attention in
+4.9 and the batched path (bfloat16 emulated) in 84.
+
+Which is fastest depends on the CPU: on an Intel Xeon with AMX, flash attention group by group ran
+the shared-prefix workload ~10% faster end to end than the batched path. So `prefix_kernel` times
+those this CPU and dtype can run once per process and shape on a synthetic step (`calibrate`: 8
+groups of 32 decodes over 512 tokens) and keeps the fastest; PAGEDBATCH_CPU_PREFIX=native, =batched
+or =flash fixes it (flash where the one named cannot run).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels import cpu_native
 from kernels.compiled import Compiled
 from kernels.cpu_prefill import fastest
 
@@ -40,7 +47,8 @@ MAX_PADDING = 2.0  # a batch computes at most this many times its groups' own sc
 BATCHED_DTYPES = (torch.bfloat16,)  # caches whose groups may be batched; the others go group by group
 CHOICE_ENV = "PAGEDBATCH_CPU_PREFIX"
 CALIBRATION = (8, 32, 512)  # groups x decodes x prefix tokens: a step of the shared-prefix workload
-_choices: dict[tuple, bool] = {}
+KERNELS = ("native", "batched", "flash")
+_choices: dict[tuple, str] = {}
 _choice_lock = threading.Lock()
 
 
@@ -110,15 +118,28 @@ class PrefixPlan:
         return out[self.order], lse[self.order]
 
 
-def grouped_prefix_attention(query, k_cache, v_cache, groups, scale, plan: PrefixPlan | None = None):
+def grouped_prefix_attention(query, k_cache, v_cache, groups, scale, plan: PrefixPlan | cpu_native.Spans | None = None):
     """The prefix attention and log-sum-exp of every row of `query`, in row order, for `groups`
-    (first row, end row, shared blocks) that cover the rows in order; `plan` (from `plan_prefixes`)
-    batches a bfloat16 cache's groups."""
-    if plan is None or k_cache.dtype not in BATCHED_DTYPES:
+    (first row, end row, shared blocks) that cover the rows in order; `plan` (from `plan_for`) takes
+    them to the batched path or the native kernel, None to flash attention group by group."""
+    if plan is None or (isinstance(plan, PrefixPlan) and k_cache.dtype not in BATCHED_DTYPES):
         outs, lses = zip(*(prefix_attention(query[start:end], k_cache, v_cache, blocks, scale)
                            for start, end, blocks in groups))
         return torch.cat(outs), torch.cat(lses)
     return plan.run(query, k_cache, v_cache, scale)
+
+
+def plan_for(kernel: str, groups: list[tuple[int, int, torch.Tensor]], num_heads: int, num_kv_heads: int,
+             block_size: int) -> PrefixPlan | cpu_native.Spans | None:
+    """The plan of `groups` for `kernel` (one of KERNELS)."""
+    if kernel == "batched":
+        return plan_prefixes(groups, num_heads, num_kv_heads, block_size)
+    if kernel == "native":
+        return cpu_native.plan_spans([blocks.tolist() for _, _, blocks in groups],
+                                     [end - start for start, end, _ in groups],
+                                     [blocks.shape[0] * block_size for start, end, blocks in groups
+                                      for _ in range(start, end)], groups[0][2].device)
+    return None
 
 
 def plan_prefixes(groups: list[tuple[int, int, torch.Tensor]], num_heads: int, num_kv_heads: int,
@@ -186,22 +207,26 @@ def batched_prefix_attention(query, k_cache, v_cache, batch: PrefixBatch, scale)
     return out[batch.picks].float(), lse[batch.picks]
 
 
-def batches_groups(dtype, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int) -> bool:
-    """Whether a step's groups over a cache of `dtype` go through the batched matmuls (else flash
-    attention group by group): bfloat16 only, where that is the faster here (timed once per shape)."""
-    if dtype not in BATCHED_DTYPES:
-        return False
+def usable(kernel: str, dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    if kernel == "native":
+        return cpu_native.takes(dtype, num_heads, num_kv_heads, head_dim)
+    return kernel == "flash" or dtype in BATCHED_DTYPES
+
+
+def prefix_kernel(dtype, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int) -> str:
+    """Which of KERNELS computes a step's groups over a cache of `dtype`: the fastest of those usable
+    here (timed once per shape), or the one PAGEDBATCH_CPU_PREFIX names."""
     fixed = os.environ.get(CHOICE_ENV)
     if fixed:
-        if fixed not in ("batched", "flash"):
-            raise ValueError(f"{CHOICE_ENV}={fixed!r}: expected 'batched' or 'flash'")
-        return fixed == "batched"
+        if fixed not in KERNELS:
+            raise ValueError(f"{CHOICE_ENV}={fixed!r}: expected one of {', '.join(KERNELS)}")
+        return fixed if usable(fixed, dtype, num_heads, num_kv_heads, head_dim) else "flash"
     key = (dtype, num_heads, num_kv_heads, head_dim, block_size)
-    if key not in _choices:  # asked at every layer: the lock only until the choice is made
+    if key not in _choices:  # asked at every step: the lock only until the choice is made
         with _choice_lock:
             if key not in _choices:
                 _choices[key] = calibrate(*key)
-                log.info("CPU shared-prefix attention for %s: %s", key, "batched" if _choices[key] else "flash")
+                log.info("CPU shared-prefix attention for %s: %s", key, _choices[key])
     return _choices[key]
 
 
@@ -217,12 +242,15 @@ def synthetic_groups(groups: int, rows: int, prefix: int, num_heads: int, num_kv
 
 
 @torch.no_grad()
-def calibrate(dtype, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, repeats: int = 3) -> bool:
-    """True where the batched path ran the CALIBRATION step faster than flash attention per group."""
+def calibrate(dtype, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, repeats: int = 3) -> str:
+    """The fastest of the KERNELS usable here on the CALIBRATION step (flash where it is the only one)."""
+    kernels = [k for k in KERNELS if usable(k, dtype, num_heads, num_kv_heads, head_dim)]
+    if len(kernels) == 1:
+        return kernels[0]
     query, k_cache, v_cache, spans = synthetic_groups(*CALIBRATION, num_heads, num_kv_heads, head_dim, block_size,
                                                       dtype)
-    plan = plan_prefixes(spans, num_heads, num_kv_heads, block_size)
     scale = head_dim**-0.5
-    runs = {"flash": lambda: grouped_prefix_attention(query, k_cache, v_cache, spans, scale),
-            "batched": lambda: plan.run(query, k_cache, v_cache, scale)}
-    return fastest(runs, repeats) == "batched"
+    plans = {k: plan_for(k, spans, num_heads, num_kv_heads, block_size) for k in kernels}
+    runs = {k: lambda plan=plans[k]: grouped_prefix_attention(query, k_cache, v_cache, spans, scale, plan)
+            for k in kernels}
+    return fastest(runs, repeats)

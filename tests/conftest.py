@@ -52,6 +52,19 @@ def tiny_model(tmp_path_factory):
     return make
 
 
+@pytest.fixture(scope="session")
+def baseline_library(tmp_path_factory):
+    """The native CPU kernels built for the compiler's default target: no -march=native, so no AVX
+    (4-lane vectors, the portable reductions)."""
+    from kernels import cpu_native
+
+    cache = tmp_path_factory.mktemp("native-baseline")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(cache))
+        flags = [f for f in cpu_native.FLAGS if not f.startswith("-march")]
+        return cpu_native.bind(cpu_native.build(flags))
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(items):
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")

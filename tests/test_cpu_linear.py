@@ -36,6 +36,20 @@ def test_packed_linear_in_bfloat16_matches_torch_exactly():
     assert torch.equal(PackedLinear(linear)(x), linear(x))
 
 
+def test_bfloat16_packs_as_float32_where_onednn_has_no_bfloat16_kernels(monkeypatch):
+    from engine import cpu_linear
+
+    monkeypatch.setattr(cpu_linear, "onednn_bf16", lambda: False)
+    linear = nn.Linear(64, 96).to(torch.bfloat16)
+    x = torch.randn(2, 9, 64, dtype=torch.bfloat16)
+    packed = PackedLinear(linear)
+    assert packed.packed.dtype == torch.float32
+    got = packed(x)
+    assert got.dtype == torch.bfloat16 and got.shape == (2, 9, 96)
+    want = F.linear(x.float(), linear.weight.float(), linear.bias.float())
+    torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)  # bfloat16 rounding of the output only
+
+
 def test_packed_rows_do_not_depend_on_their_batch():
     packed = PackedLinear(nn.Linear(128, 256, bias=False))
     x = torch.randn(200, 128)

@@ -1,6 +1,6 @@
 """The native CPU decode kernel (`kernels.cpu_native`, `kernels/csrc/cpu_decode.cpp`) against its
 plain-torch twin in float64 on random pools of many shapes, built for this CPU and for the compiler's
-baseline target (no AVX-512: the portable reductions); its bounds checks, its build cache, and the
+baseline target (no AVX: the portable reductions); its bounds checks, its build cache, and the
 engine falling back to inductor's kernel where it cannot be built or is turned off."""
 
 from __future__ import annotations
@@ -62,16 +62,6 @@ def assert_matches_twin(call, lib=None, tol=None):
     tol = tol or TOL[call["k_cache"].dtype]
     torch.testing.assert_close(out.double(), want_out, atol=tol, rtol=tol)
     torch.testing.assert_close(lse.double(), want_lse, atol=tol, rtol=tol)
-
-
-@pytest.fixture(scope="module")
-def baseline_library(tmp_path_factory):
-    """The kernel built for the compiler's default target: no -march=native, so no AVX-512 reductions."""
-    cache = tmp_path_factory.mktemp("native-baseline")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("XDG_CACHE_HOME", str(cache))
-        flags = [f for f in cpu_native.FLAGS if not f.startswith("-march")]
-        return cpu_native.bind(cpu_native.build(flags))
 
 
 def test_the_kernel_builds_here():

@@ -109,34 +109,56 @@ def test_a_group_too_large_to_batch_goes_to_flash_attention(monkeypatch):
     assert calls == [2]
 
 
-def test_the_faster_of_batched_and_flash_is_timed_once_per_shape(monkeypatch):
+def test_the_fastest_usable_kernel_is_timed_once_per_shape(monkeypatch):
     monkeypatch.delenv(cpu_prefix.CHOICE_ENV, raising=False)
     monkeypatch.setattr(cpu_prefix, "_choices", {})
     timed = []
     real = cpu_prefix.calibrate
     monkeypatch.setattr(cpu_prefix, "calibrate", lambda *key: timed.append(key) or real(*key))
-    first = cpu_prefix.batches_groups(torch.bfloat16, 6, 2, 32, BLOCK)
-    assert all(cpu_prefix.batches_groups(torch.bfloat16, 6, 2, 32, BLOCK) == first for _ in range(3))
+    first = cpu_prefix.prefix_kernel(torch.bfloat16, 6, 2, 32, BLOCK)
+    assert first in cpu_prefix.KERNELS
+    assert all(cpu_prefix.prefix_kernel(torch.bfloat16, 6, 2, 32, BLOCK) == first for _ in range(3))
     assert timed == [(torch.bfloat16, 6, 2, 32, BLOCK)]
-    assert not cpu_prefix.batches_groups(torch.float32, 6, 2, 32, BLOCK) and len(timed) == 1  # never batched
-    cpu_prefix.batches_groups(torch.bfloat16, 8, 1, 64, BLOCK)
+    assert cpu_prefix.prefix_kernel(torch.float32, 6, 2, 32, BLOCK) in ("native", "flash")  # never batched
     assert len(timed) == 2
+    cpu_prefix.prefix_kernel(torch.bfloat16, 8, 1, 64, BLOCK)
+    assert len(timed) == 3
+
+
+def test_calibration_times_only_the_usable_kernels(monkeypatch):
+    from kernels import cpu_native
+
+    monkeypatch.setattr(cpu_native, "takes", lambda *a: False)
+    assert cpu_prefix.calibrate(torch.float32, 6, 2, 32, BLOCK, repeats=1) == "flash"  # the only one: not timed
+    assert cpu_prefix.calibrate(torch.bfloat16, 6, 2, 32, BLOCK, repeats=1) in ("batched", "flash")
 
 
 def test_the_choice_can_be_fixed_and_a_bad_one_is_refused(monkeypatch):
     monkeypatch.setattr(cpu_prefix, "calibrate", lambda *key: pytest.fail("timed although fixed"))
-    monkeypatch.setenv(cpu_prefix.CHOICE_ENV, "flash")
-    assert not cpu_prefix.batches_groups(torch.bfloat16, 6, 2, 32, BLOCK)
+    for kernel in cpu_prefix.KERNELS:
+        monkeypatch.setenv(cpu_prefix.CHOICE_ENV, kernel)
+        assert cpu_prefix.prefix_kernel(torch.bfloat16, 6, 2, 32, BLOCK) == kernel
     monkeypatch.setenv(cpu_prefix.CHOICE_ENV, "batched")
-    assert cpu_prefix.batches_groups(torch.bfloat16, 6, 2, 32, BLOCK)
+    assert cpu_prefix.prefix_kernel(torch.float32, 6, 2, 32, BLOCK) == "flash"  # batched takes bfloat16 only
+    monkeypatch.setenv(cpu_prefix.CHOICE_ENV, "native")
+    assert cpu_prefix.prefix_kernel(torch.float16, 6, 2, 32, BLOCK) == "flash"  # nor the native kernel float16
     monkeypatch.setenv(cpu_prefix.CHOICE_ENV, "fastest")
     with pytest.raises(ValueError, match="PAGEDBATCH_CPU_PREFIX"):
-        cpu_prefix.batches_groups(torch.bfloat16, 6, 2, 32, BLOCK)
+        cpu_prefix.prefix_kernel(torch.bfloat16, 6, 2, 32, BLOCK)
 
 
-@pytest.mark.parametrize("choice", ["batched", "flash"])
-def test_decodes_sharing_prefixes_equal_naive_either_way(monkeypatch, choice):
-    from kernels import cpu_attention
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("sizes", SIZES.values(), ids=SIZES.keys())
+def test_native_groups_equal_the_naive_softmax(sizes, dtype):
+    query, k_cache, v_cache, groups = make_groups(sizes, dtype=dtype, seed=len(sizes))
+    plan = cpu_prefix.plan_for("native", groups, 6, 2, BLOCK)
+    assert plan.bounds.tolist() == [[start, end] for start, end, _ in groups]
+    check(query, k_cache, v_cache, groups, plan, 1e-5)  # float32 scores and softmax, either pool
+
+
+@pytest.mark.parametrize("choice", cpu_prefix.KERNELS)
+def test_decodes_sharing_prefixes_equal_naive_every_way(monkeypatch, choice):
+    from kernels import cpu_attention, cpu_native
     from tests.test_kernels_reference import make_batch, with_shared_prefixes
     from tests.test_kernels_reference import naive as naive_attention
 
@@ -144,8 +166,12 @@ def test_decodes_sharing_prefixes_equal_naive_either_way(monkeypatch, choice):
     prefix_calls = []
     real = cpu_prefix.prefix_attention
     monkeypatch.setattr(cpu_prefix, "prefix_attention", lambda *a: prefix_calls.append(1) or real(*a))
+    span_calls = []  # the prefixes' and the 9-token chunk's
+    real_spans = cpu_native.span_attention
+    monkeypatch.setattr(cpu_native, "span_attention", lambda *a: span_calls.append(a[3].shape[0]) or real_spans(*a))
     batch = with_shared_prefixes(make_batch([1] * 7 + [9], [60, 48, 70, 32, 20, 31, 40, 30], 6, 2, torch.bfloat16,
                                             seed=6))
     got = cpu_attention.paged_attention(**batch)
     torch.testing.assert_close(got.double(), naive_attention(**batch), atol=3e-2, rtol=3e-2)
     assert bool(prefix_calls) == (choice == "flash")
+    assert len(span_calls) == (2 if choice == "native" else 0)

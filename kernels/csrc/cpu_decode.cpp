@@ -8,94 +8,9 @@
 // query head), softmax (the scores are kept, L2-sized, instead of rescaling a running sum), then the
 // weighted values. The query heads go through in tiles that keep the accumulators in registers.
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <vector>
+#include "cpu_vec.h"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
-typedef float vfloat __attribute__((vector_size(64)));
-typedef int32_t vint __attribute__((vector_size(64)));
-typedef uint32_t vuint __attribute__((vector_size(64)));
-typedef uint16_t vhalf __attribute__((vector_size(32)));
-
-constexpr int LANES = 16;
-constexpr int ACCUMULATORS = 24;  // vector registers for a tile's accumulators (of 32)
 constexpr int MAX_TILE = 8;
-constexpr float NO_WEIGHT = -1e30f;  // past the context: exp gives exactly 0
-
-static inline vfloat splat(float x) { return vfloat{} + x; }
-static inline vfloat load(const float* p) { vfloat v; std::memcpy(&v, p, sizeof v); return v; }
-static inline vfloat load(const uint16_t* p) {  // bfloat16: the high half of a float32
-    vhalf h;
-    std::memcpy(&h, p, sizeof h);
-    vuint bits = __builtin_convertvector(h, vuint) << 16;
-    vfloat v;
-    std::memcpy(&v, &bits, sizeof v);
-    return v;
-}
-static inline void store(float* p, vfloat v) { std::memcpy(p, &v, sizeof v); }
-
-static inline float sum(vfloat v) {
-#if defined(__AVX512F__)
-    return _mm512_reduce_add_ps((__m512)v);
-#else
-    float s = 0.f;
-    for (int i = 0; i < LANES; i++) s += v[i];
-    return s;
-#endif
-}
-
-static inline float max(vfloat v) {
-#if defined(__AVX512F__)
-    return _mm512_reduce_max_ps((__m512)v);
-#else
-    float m = v[0];
-    for (int i = 1; i < LANES; i++) m = std::max(m, v[i]);
-    return m;
-#endif
-}
-
-// exp(x) for x <= 0: 2^round(x log2 e) times a degree-6 polynomial of the rest (under 2 ulp); 0 below -87.
-static inline vfloat exp_nonpositive(vfloat x) {
-    const vfloat big = splat(12582912.f);  // 1.5 * 2^23: adding and subtracting it rounds to an integer
-    vfloat t = (x < -87.f ? splat(-87.f) : x) * 1.44269504f;
-    vfloat n = (t + big) - big;
-    vfloat y = (t - n) * 0.693147181f;
-    vfloat p = splat(1.f / 720);
-    p = p * y + 1.f / 120;
-    p = p * y + 1.f / 24;
-    p = p * y + 1.f / 6;
-    p = p * y + 0.5f;
-    p = p * y + 1.f;
-    p = p * y + 1.f;
-    vint bits = (__builtin_convertvector(n, vint) + 127) << 23;
-    vfloat scale;
-    std::memcpy(&scale, &bits, sizeof scale);
-    return x < -87.f ? vfloat{} : p * scale;
-}
-
-struct Row {
-    const int32_t* table;
-    int length;
-    int block_size;
-    int64_t position_stride;  // elements between consecutive positions of one KV head (KV heads x head size)
-    int64_t head_offset;      // elements from a position's start to this KV head
-};
-
-// visit(p, the row's KV head at position p) for every position of the row's context, block by block.
-template <typename T, typename Visit>
-static inline void each_position(const T* cache, const Row& row, Visit visit) {
-    for (int start = 0, b = 0; start < row.length; start += row.block_size, b++) {
-        const T* at = cache + int64_t(row.table[b]) * row.block_size * row.position_stride + row.head_offset;
-        int end = std::min(row.length, start + row.block_size);
-        for (int p = start; p < end; p++, at += row.position_stride) visit(p, at);
-    }
-}
 
 // scores[g * ld + p] = q_g . k_p for the tile's TILE query heads (q already scaled, float32).
 template <typename T, int DV, int TILE>
@@ -222,14 +137,8 @@ static void run(const float* q, const T* keys, const T* values, const int32_t* t
 // Every row's context within its table and every block it reads within the pool.
 static bool in_bounds(const int32_t* tables, int width, const int32_t* lengths, int rows, int block_size,
                       int num_blocks) {
-    for (int r = 0; r < rows; r++) {
-        int length = lengths[r];
-        if (length > int64_t(width) * block_size) return false;
-        for (int b = 0; b * block_size < length; b++) {
-            int32_t block = tables[int64_t(r) * width + b];
-            if (block < 0 || block >= num_blocks) return false;
-        }
-    }
+    for (int r = 0; r < rows; r++)
+        if (!context_in_bounds(tables + int64_t(r) * width, width, lengths[r], block_size, num_blocks)) return false;
     return true;
 }
 
@@ -240,11 +149,11 @@ static int dispatch(int head_dim, const float* q, const void* k, const void* v, 
     const T* keys = static_cast<const T*>(k);
     const T* values = static_cast<const T*>(v);
     switch (head_dim) {
-#define HEAD(DV)                                                                                                \
-    case DV * LANES:                                                                                            \
-        run<T, DV>(q, keys, values, tables, width, lengths, rows, heads, kv_heads, block_size, scale, out, lse); \
+#define HEAD(D)                                                                                                 \
+    case D:                                                                                                     \
+        run<T, D / LANES>(q, keys, values, tables, width, lengths, rows, heads, kv_heads, block_size, scale, out, lse); \
         return 0;
-        HEAD(2) HEAD(3) HEAD(4) HEAD(5) HEAD(6) HEAD(7) HEAD(8) HEAD(10) HEAD(12) HEAD(16)
+        PB_HEAD_SIZES(HEAD)
 #undef HEAD
         default:
             return -1;
@@ -253,15 +162,8 @@ static int dispatch(int head_dim, const float* q, const void* k, const void* v, 
 
 extern "C" {
 
-// Head sizes the kernel takes (multiples of 16), for the caller to check before a call.
-int pb_supports_head_dim(int head_dim) {
-    switch (head_dim / LANES * (head_dim % LANES == 0)) {
-        case 2: case 3: case 4: case 5: case 6: case 7: case 8: case 10: case 12: case 16:
-            return 1;
-        default:
-            return 0;
-    }
-}
+// Head sizes the kernels take, for the caller to check before a call.
+int pb_supports_head_dim(int head_dim) { return head_dim_supported(head_dim); }
 
 // q [rows, heads, head_dim] float32; k, v [blocks, block_size, kv_heads, head_dim] float32 or bfloat16
 // (bf16 = 1); tables [rows, width] and lengths [rows] int32; out [rows, heads, head_dim] and lse
@@ -270,6 +172,7 @@ int pb_supports_head_dim(int head_dim) {
 int pb_decode_attention(const float* q, const void* k, const void* v, int bf16, int num_blocks,
                         const int32_t* tables, int width, const int32_t* lengths, int rows, int heads, int kv_heads,
                         int head_dim, int block_size, float scale, float* out, float* lse) {
+    if (!head_dim_supported(head_dim)) return -1;
     if (!in_bounds(tables, width, lengths, rows, block_size, num_blocks)) return -2;
     if (bf16)
         return dispatch<uint16_t>(head_dim, q, k, v, tables, width, lengths, rows, heads, kv_heads, block_size,

@@ -1,0 +1,261 @@
+// Paged attention of many query rows that read one block table: a span is a range of rows of q over
+// the same table (the tokens of a prompt chunk; decodes that share a prefix), row r seeing the first
+// lengths[r] positions of it (a causal chunk: each token its own). For float32 and bfloat16 pools.
+//
+// The decode kernel's dot product per score ends in a horizontal sum, which costs more than the
+// products once many queries read the same keys. Here a task is a tile of a span's rows for one KV
+// head: all their query heads, as a matrix of queries, against the context CHUNK positions at a time,
+// as small matrix products with the accumulators in registers: each chunk's keys are transposed once
+// into a [head size, CHUNK] scratch, so that scores come out as vectors of positions, and its values
+// packed into a [CHUNK, head size] one (both float32), which the weighted sums read position by
+// position into the queries' output rows. The softmax is the online one: a
+// running maximum and sum per query, the outputs rescaled where the maximum grows.
+
+#include "cpu_vec.h"
+
+constexpr int CHUNK = 32;  // key positions per step: two vectors of scores per query
+constexpr int CV = CHUNK / LANES;
+constexpr int TASK_QUERIES = 96;  // queries (rows x query heads per KV head) per task, about
+constexpr int SCORE_TILE = std::max(1, ACCUMULATORS / CV);  // queries per score tile
+
+// The value tiles: MR queries by a slice of SLICE vectors of the head, accumulated in registers beside
+// the slice of a value and a weight. Per position a tile loads SLICE vectors and MR weights for
+// MR x SLICE products: the slice with the most products per load.
+constexpr int tile_for(int slice) { return std::max(1, (REGISTERS - 2 - slice) / slice); }
+constexpr double products_per_load(int slice) { return double(tile_for(slice) * slice) / (tile_for(slice) + slice); }
+constexpr int value_slice(int dv) {
+    int best = 1;
+    for (int s = 2; s <= dv; s++)
+        if (dv % s == 0 && tile_for(s) >= 1 && products_per_load(s) > products_per_load(best)) best = s;
+    return best;
+}
+constexpr int value_tile(int dv) { return tile_for(value_slice(dv)); }
+constexpr int lcm(int a, int b) {
+    int m = a;
+    while (m % b) m += a;
+    return m;
+}
+
+struct Task {
+    int span, first, rows, kv_head;
+};
+
+// s[i][0:CHUNK] = q_i . kt[:, 0:CHUNK] for the tile's MR queries (q scaled, [MR, D]; kt [D, CHUNK]).
+template <int D, int MR>
+static inline void score_tile(const float* q, const float* kt, float* s) {
+    vfloat acc[MR][CV] = {};
+    for (int d = 0; d < D; d++) {
+        vfloat k[CV];
+        for (int c = 0; c < CV; c++) k[c] = load(kt + d * CHUNK + c * LANES);
+        for (int i = 0; i < MR; i++) {
+            vfloat x = splat(q[i * D + d]);
+            for (int c = 0; c < CV; c++) acc[i][c] += x * k[c];
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        for (int c = 0; c < CV; c++) store(s + i * CHUNK + c * LANES, acc[i][c]);
+}
+
+// o[i][column slice] += sum_p w[i][p] v[p][column slice] for the tile's MR queries, over `count`
+// positions of the chunk's values (v [CHUNK, D]).
+template <int D, int MR, int SLICE>
+static inline void value_tile(const float* w, const float* v, int count, int column, float* o) {
+    vfloat acc[MR][SLICE];
+    for (int i = 0; i < MR; i++)
+        for (int c = 0; c < SLICE; c++) acc[i][c] = load(o + i * D + column + c * LANES);
+    for (int p = 0; p < count; p++) {
+        vfloat x[SLICE];
+        for (int c = 0; c < SLICE; c++) x[c] = load(v + p * D + column + c * LANES);
+        for (int i = 0; i < MR; i++) {
+            vfloat weight = splat(w[i * CHUNK + p]);
+            for (int c = 0; c < SLICE; c++) acc[i][c] += weight * x[c];
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        for (int c = 0; c < SLICE; c++) store(o + i * D + column + c * LANES, acc[i][c]);
+}
+
+static inline float to_float(float x) { return x; }
+static inline float to_float(uint16_t x) {
+    uint32_t bits = uint32_t(x) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+template <typename T, int DV>
+struct SpanKernel {
+    static constexpr int D = DV * LANES;
+    static constexpr int SLICE = value_slice(DV);
+    static constexpr int VALUE_TILE = value_tile(DV);
+    static constexpr int PAD = lcm(SCORE_TILE, VALUE_TILE);  // queries are computed in multiples of this
+
+    struct Scratch {
+        std::vector<float> q, o, s, kt, vc, top, total;
+        std::vector<int> visible;
+    };
+
+    // Turns the chunk's scores s[i] (positions c0.. of query i) into weights in place, updating the
+    // running maximum and sum, and rescaling the output rows where the maximum grew.
+    static void softmax_step(Scratch& w, int queries, int c0) {
+        static const vint iota = [] {
+            vint v;
+            for (int i = 0; i < LANES; i++) v[i] = i;
+            return v;
+        }();
+        for (int i = 0; i < queries; i++) {
+            float* s = w.s.data() + i * CHUNK;
+            int seen = w.visible[i] - c0;  // positions of this chunk the query sees
+            if (seen <= 0) {
+                std::fill(s, s + CHUNK, 0.f);
+                continue;
+            }
+            vfloat x[CV];
+            vfloat top = splat(NO_WEIGHT);
+            for (int c = 0; c < CV; c++) {
+                x[c] = load(s + c * LANES);
+                x[c] = (iota + c * LANES) < seen ? x[c] : splat(NO_WEIGHT);
+                top = x[c] > top ? x[c] : top;
+            }
+            float old = w.top[i], now = std::max(old, max(top));
+            if (now > old) {
+                float shrink = std::exp(old - now);  // 0 at the first chunk: old is NO_WEIGHT
+                w.total[i] *= shrink;
+                float* o = w.o.data() + size_t(i) * D;
+                for (int c = 0; c < DV; c++) store(o + c * LANES, load(o + c * LANES) * shrink);
+                w.top[i] = now;
+            }
+            vfloat total = {};
+            for (int c = 0; c < CV; c++) {
+                vfloat e = (iota + c * LANES) < seen ? exp_nonpositive(x[c] - now) : vfloat{};
+                store(s + c * LANES, e);
+                total += e;
+            }
+            w.total[i] += sum(total);
+        }
+    }
+
+    static void task(const Task& t, const float* q, const T* keys, const T* values, const int32_t* table,
+                     const int32_t* lengths, int heads, int kv_heads, int block_size, float scale, float* out,
+                     float* lse) {
+        const int group = heads / kv_heads;
+        const int queries = t.rows * group;
+        const int padded = (queries + PAD - 1) / PAD * PAD;
+        thread_local Scratch w;
+        w.q.assign(size_t(padded) * D, 0.f);
+        w.o.assign(size_t(padded) * D, 0.f);
+        w.s.resize(size_t(padded) * CHUNK);
+        w.kt.resize(size_t(D) * CHUNK);
+        w.vc.resize(size_t(CHUNK) * D);
+        w.top.assign(padded, NO_WEIGHT);
+        w.total.assign(padded, 0.f);
+        w.visible.assign(padded, 0);
+        int longest = 0;
+        for (int r = 0; r < t.rows; r++) {
+            int row = t.first + r, length = lengths[row];
+            longest = std::max(longest, length);
+            for (int g = 0; g < group; g++) {
+                int i = r * group + g;
+                const float* src = q + (int64_t(row) * heads + t.kv_head * group + g) * D;
+                for (int d = 0; d < D; d++) w.q[size_t(i) * D + d] = src[d] * scale;
+                w.visible[i] = length;
+            }
+        }
+        const int64_t stride = int64_t(kv_heads) * D;
+        for (int c0 = 0; c0 < longest; c0 += CHUNK) {
+            int count = std::min(CHUNK, longest - c0);
+            // the chunk's keys transposed and its values packed, both float32, once for all the queries
+            for (int p = 0; p < count; p++) {
+                int position = c0 + p;
+                int64_t at = (int64_t(table[position / block_size]) * block_size + position % block_size) * stride +
+                             int64_t(t.kv_head) * D;
+                const T* k = keys + at;
+                const T* v = values + at;
+                for (int d = 0; d < D; d++) w.kt[d * CHUNK + p] = to_float(k[d]);
+                for (int d = 0; d < D; d += LANES) store(w.vc.data() + p * D + d, load(v + d));
+            }
+            for (int p = count; p < CHUNK; p++)
+                for (int d = 0; d < D; d++) w.kt[d * CHUNK + p] = 0.f;
+            for (int i = 0; i < padded; i += SCORE_TILE)
+                score_tile<D, SCORE_TILE>(w.q.data() + size_t(i) * D, w.kt.data(), w.s.data() + i * CHUNK);
+            softmax_step(w, padded, c0);
+            for (int column = 0; column < D; column += SLICE * LANES)
+                for (int i = 0; i < padded; i += VALUE_TILE)
+                    value_tile<D, VALUE_TILE, SLICE>(w.s.data() + i * CHUNK, w.vc.data(), count, column,
+                                                     w.o.data() + size_t(i) * D);
+        }
+        for (int r = 0; r < t.rows; r++) {
+            for (int g = 0; g < group; g++) {
+                int i = r * group + g;
+                int64_t head = int64_t(t.first + r) * heads + t.kv_head * group + g;
+                float* dst = out + head * D;
+                float total = w.total[i];
+                for (int d = 0; d < D; d++) dst[d] = total > 0.f ? w.o[size_t(i) * D + d] / total : 0.f;
+                lse[head] = total > 0.f ? w.top[i] + std::log(total) : -INFINITY;
+            }
+        }
+    }
+
+    static void run(const float* q, const T* keys, const T* values, const int32_t* tables, int width,
+                    const int32_t* bounds, int spans, const int32_t* lengths, int heads, int kv_heads,
+                    int block_size, float scale, float* out, float* lse) {
+        const int rows_per_task = std::max(1, TASK_QUERIES / (heads / kv_heads));
+        std::vector<Task> tasks;
+        for (int s = 0; s < spans; s++) {
+            const int end = bounds[2 * s + 1];
+            for (int first = bounds[2 * s]; first < end; first += rows_per_task)
+                for (int h = 0; h < kv_heads; h++) tasks.push_back({s, first, std::min(rows_per_task, end - first), h});
+        }
+        const int count = int(tasks.size());
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int i = 0; i < count; i++) {
+            const Task& t = tasks[i];
+            task(t, q, keys, values, tables + int64_t(t.span) * width, lengths, heads, kv_heads, block_size, scale,
+                 out, lse);
+        }
+    }
+};
+
+template <typename T>
+static void dispatch(int head_dim, const float* q, const void* k, const void* v, const int32_t* tables, int width,
+                     const int32_t* bounds, int spans, const int32_t* lengths, int heads, int kv_heads,
+                     int block_size, float scale, float* out, float* lse) {
+    switch (head_dim) {
+#define SPANS(D)                                                                                           \
+    case D:                                                                                                \
+        SpanKernel<T, D / LANES>::run(q, static_cast<const T*>(k), static_cast<const T*>(v), tables, width, bounds, \
+                               spans, lengths, heads, kv_heads, block_size, scale, out, lse);              \
+        return;
+        PB_HEAD_SIZES(SPANS)
+#undef SPANS
+    }
+}
+
+extern "C" {
+
+// q [rows, heads, head_dim] float32; k, v [blocks, block_size, kv_heads, head_dim] float32 or bfloat16
+// (bf16 = 1); tables [spans, width], bounds [spans, 2] (span s is rows bounds[s][0] to bounds[s][1], the
+// spans apart) and lengths [rows] int32; out [rows, heads, head_dim] and lse [rows, heads] float32,
+// written for the spans' rows only. Every tensor contiguous. Returns 0; -1 for a head size it does not
+// take, -2 for a span past the rows, a context longer than its table or a block outside the pool
+// (nothing is read then).
+int pb_span_attention(const float* q, const void* k, const void* v, int bf16, int num_blocks, const int32_t* tables,
+                      int width, const int32_t* bounds, int spans, const int32_t* lengths, int rows, int heads,
+                      int kv_heads, int head_dim, int block_size, float scale, float* out, float* lse) {
+    if (!head_dim_supported(head_dim) || heads % kv_heads) return -1;
+    for (int s = 0; s < spans; s++) {
+        const int begin = bounds[2 * s], end = bounds[2 * s + 1];
+        if (begin < 0 || begin > end || end > rows) return -2;
+        int longest = 0;  // the table's blocks that the longest row reads cover every other row's
+        for (int r = begin; r < end; r++) longest = std::max(longest, lengths[r]);
+        if (!context_in_bounds(tables + int64_t(s) * width, width, longest, block_size, num_blocks)) return -2;
+    }
+    if (bf16)
+        dispatch<uint16_t>(head_dim, q, k, v, tables, width, bounds, spans, lengths, heads, kv_heads, block_size,
+                           scale, out, lse);
+    else
+        dispatch<float>(head_dim, q, k, v, tables, width, bounds, spans, lengths, heads, kv_heads, block_size, scale,
+                        out, lse);
+    return 0;
+}
+}
