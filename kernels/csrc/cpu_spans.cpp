@@ -5,10 +5,10 @@
 // The decode kernel's dot product per score ends in a horizontal sum, which costs more than the
 // products once many queries read the same keys. Here a task is a tile of a span's rows for one KV
 // head: all their query heads, as a matrix of queries, against the context CHUNK positions at a time,
-// as small matrix products with the accumulators in registers: each chunk's keys are transposed once
-// into a [head size, CHUNK] scratch, so that scores come out as vectors of positions, and its values
-// packed into a [CHUNK, head size] one (both float32), which the weighted sums read position by
-// position into the queries' output rows. The softmax is the online one: a
+// as small matrix products with the accumulators in registers: each chunk's keys are packed and
+// transposed once into a [head size, CHUNK] scratch, so that scores come out as vectors of positions,
+// and its values packed into a [CHUNK, head size] one (both float32), which the weighted sums read
+// position by position into the queries' output rows. The softmax is the online one: a
 // running maximum and sum per query, the outputs rescaled where the maximum grows.
 
 #include "cpu_vec.h"
@@ -75,12 +75,33 @@ static inline void value_tile(const float* w, const float* v, int count, int col
         for (int c = 0; c < SLICE; c++) store(o + i * D + column + c * LANES, acc[i][c]);
 }
 
-static inline float to_float(float x) { return x; }
-static inline float to_float(uint16_t x) {
-    uint32_t bits = uint32_t(x) << 16;
-    float f;
-    std::memcpy(&f, &bits, sizeof f);
-    return f;
+// kt[d][p] = kc[p][d] for a chunk: CHUNK rows of D floats into D rows of CHUNK.
+template <int D>
+static inline void transpose_chunk(const float* kc, float* kt) {
+#if defined(__AVX__)
+    for (int p0 = 0; p0 < CHUNK; p0 += 8)
+        for (int d0 = 0; d0 < D; d0 += 8) {  // 8 x 8 blocks: unpack pairs, shuffle quads, swap halves
+            __m256 r[8], t[8];
+            for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(kc + (p0 + i) * D + d0);
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+                t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+            }
+            for (int i = 0; i < 8; i += 4) {
+                r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+                r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+                r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+                r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+            }
+            for (int i = 0; i < 4; i++) {
+                _mm256_storeu_ps(kt + (d0 + i) * CHUNK + p0, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+                _mm256_storeu_ps(kt + (d0 + i + 4) * CHUNK + p0, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+            }
+        }
+#else
+    for (int p = 0; p < CHUNK; p++)
+        for (int d = 0; d < D; d++) kt[d * CHUNK + p] = kc[p * D + d];
+#endif
 }
 
 template <typename T, int DV>
@@ -91,7 +112,7 @@ struct SpanKernel {
     static constexpr int PAD = lcm(SCORE_TILE, VALUE_TILE);  // queries are computed in multiples of this
 
     struct Scratch {
-        std::vector<float> q, o, s, kt, vc, top, total;
+        std::vector<float> q, o, s, kc, kt, vc, top, total;
         std::vector<int> visible;
     };
 
@@ -103,9 +124,11 @@ struct SpanKernel {
             for (int i = 0; i < LANES; i++) v[i] = i;
             return v;
         }();
+        float *scores = w.s.data(), *outs = w.o.data(), *tops = w.top.data(), *totals = w.total.data();
+        const int* visible = w.visible.data();
         for (int i = 0; i < queries; i++) {
-            float* s = w.s.data() + i * CHUNK;
-            int seen = w.visible[i] - c0;  // positions of this chunk the query sees
+            float* s = scores + i * CHUNK;
+            int seen = visible[i] - c0;  // positions of this chunk the query sees
             if (seen <= 0) {
                 std::fill(s, s + CHUNK, 0.f);
                 continue;
@@ -117,13 +140,13 @@ struct SpanKernel {
                 x[c] = (iota + c * LANES) < seen ? x[c] : splat(NO_WEIGHT);
                 top = x[c] > top ? x[c] : top;
             }
-            float old = w.top[i], now = std::max(old, max(top));
+            float old = tops[i], now = std::max(old, max(top));
             if (now > old) {
                 float shrink = std::exp(old - now);  // 0 at the first chunk: old is NO_WEIGHT
-                w.total[i] *= shrink;
-                float* o = w.o.data() + size_t(i) * D;
+                totals[i] *= shrink;
+                float* o = outs + size_t(i) * D;
                 for (int c = 0; c < DV; c++) store(o + c * LANES, load(o + c * LANES) * shrink);
-                w.top[i] = now;
+                tops[i] = now;
             }
             vfloat total = {};
             for (int c = 0; c < CV; c++) {
@@ -131,7 +154,7 @@ struct SpanKernel {
                 store(s + c * LANES, e);
                 total += e;
             }
-            w.total[i] += sum(total);
+            totals[i] += sum(total);
         }
     }
 
@@ -146,6 +169,7 @@ struct SpanKernel {
         w.o.assign(size_t(padded) * D, 0.f);
         w.s.resize(size_t(padded) * CHUNK);
         w.kt.resize(size_t(D) * CHUNK);
+        w.kc.resize(size_t(CHUNK) * D);
         w.vc.resize(size_t(CHUNK) * D);
         w.top.assign(padded, NO_WEIGHT);
         w.total.assign(padded, 0.f);
@@ -165,17 +189,18 @@ struct SpanKernel {
         for (int c0 = 0; c0 < longest; c0 += CHUNK) {
             int count = std::min(CHUNK, longest - c0);
             // the chunk's keys transposed and its values packed, both float32, once for all the queries
+            float *kc = w.kc.data(), *vc = w.vc.data();
             for (int p = 0; p < count; p++) {
                 int position = c0 + p;
                 int64_t at = (int64_t(table[position / block_size]) * block_size + position % block_size) * stride +
                              int64_t(t.kv_head) * D;
-                const T* k = keys + at;
-                const T* v = values + at;
-                for (int d = 0; d < D; d++) w.kt[d * CHUNK + p] = to_float(k[d]);
-                for (int d = 0; d < D; d += LANES) store(w.vc.data() + p * D + d, load(v + d));
+                for (int d = 0; d < D; d += LANES) {
+                    store(kc + p * D + d, load(keys + at + d));
+                    store(vc + p * D + d, load(values + at + d));
+                }
             }
-            for (int p = count; p < CHUNK; p++)
-                for (int d = 0; d < D; d++) w.kt[d * CHUNK + p] = 0.f;
+            std::fill(kc + count * D, kc + CHUNK * D, 0.f);
+            transpose_chunk<D>(kc, w.kt.data());
             for (int i = 0; i < padded; i += SCORE_TILE)
                 score_tile<D, SCORE_TILE>(w.q.data() + size_t(i) * D, w.kt.data(), w.s.data() + i * CHUNK);
             softmax_step(w, padded, c0);

@@ -35,10 +35,18 @@ typedef uint16_t vhalf __attribute__((vector_size(2 * LANES)));
 
 constexpr float NO_WEIGHT = -1e30f;  // past the context: exp gives exactly 0
 
-static inline vfloat splat(float x) {  // (vfloat{} + x would add a zero first, as -0.f + 0.f is not -0.f)
+// x in every lane, one broadcast (vfloat{} + x adds a zero first, as -0.f + 0.f is not -0.f; a loop of
+// lane stores GCC sometimes builds of inserts)
+static inline vfloat splat(float x) {
+#if defined(__AVX512F__)
+    return (vfloat)_mm512_set1_ps(x);
+#elif defined(__AVX__)
+    return (vfloat)_mm256_set1_ps(x);
+#else
     vfloat v;
     for (int i = 0; i < LANES; i++) v[i] = x;
     return v;
+#endif
 }
 static inline vfloat load(const float* p) { vfloat v; std::memcpy(&v, p, sizeof v); return v; }
 static inline vfloat load(const uint16_t* p) {  // bfloat16: the high half of a float32
