@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kernels import compiled, cpu_attention, reference
+from kernels import compiled, cpu_attention, cpu_pointwise, reference
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ CPU_OPS = replace(
     TORCH_OPS,
     name="torch-compiled",
     compiles_on_first_use=True,
+    write_kv_cache=cpu_pointwise.write_kv_cache,
     paged_attention=cpu_attention.paged_attention,
     rms_norm=compiled.rms_norm,
     fused_add_rms_norm=compiled.fused_add_rms_norm,

@@ -15,7 +15,7 @@ import threading
 
 import torch
 
-from kernels import reference
+from kernels import cpu_pointwise, reference
 
 log = logging.getLogger(__name__)
 RECOMPILE_LIMIT = 64  # dtypes x ranks x head shapes, across the models one process may load
@@ -35,15 +35,18 @@ class Compiled:
     it failed. `varying` maps an argument's position to its dimensions that vary between calls
     (the first argument's first dimension by default); every other size is compiled in as a
     constant, and a call that changes one compiles again (dynamo then makes it symbolic too).
-    Calls whose first argument has fewer than `eager_below` elements run `fn` eagerly: a compiled
-    call costs ~25 us of dynamo's bookkeeping, more than a few eager ops on a decode step's rows."""
+    Calls whose first argument has fewer than `eager_below` elements run `small` (`fn` eagerly by
+    default): a compiled call costs ~25-70 us of dynamo's bookkeeping, more than a decode step's few
+    rows are worth."""
 
     force = False  # set by `compiling_everything`
 
-    def __init__(self, fn, fallback=None, eager_below: int = 0, varying: dict[int, tuple[int, ...]] | None = None):
+    def __init__(self, fn, fallback=None, eager_below: int = 0, varying: dict[int, tuple[int, ...]] | None = None,
+                 small=None):
         self.fn = fn
         self.fallback = fallback or fn
         self.eager_below = eager_below
+        self.small = small or fn
         self.varying = {0: (0,)} if varying is None else varying
         self.compiled = None
         self.failed = False
@@ -52,7 +55,7 @@ class Compiled:
         if self.failed:
             return self.fallback(*args)
         if args[0].numel() < self.eager_below and not Compiled.force:
-            return self.fn(*args)
+            return self.small(*args)
         if self.compiled is None:
             _configure_dynamo()
             self.compiled = torch.compile(self.fn, fullgraph=True)
@@ -82,8 +85,11 @@ def compiling_everything():
         Compiled.force = before
 
 
-# Where eager ran faster than compiled here (elements of the first argument, float32 and bfloat16)
-rms_norm = Compiled(reference.rms_norm, eager_below=64 * 1024)
-fused_add_rms_norm = Compiled(reference.fused_add_rms_norm, eager_below=64 * 1024, varying=first_dims(0, 1))
-apply_rotary = Compiled(reference.apply_rotary, eager_below=8 * 1024, varying=first_dims(0, 1, 2))
+# Below where eager ran faster than compiled here (elements of the first argument, float32 and
+# bfloat16), the native kernels (`cpu_pointwise`), faster still
+rms_norm = Compiled(reference.rms_norm, eager_below=64 * 1024, small=cpu_pointwise.rms_norm)
+fused_add_rms_norm = Compiled(reference.fused_add_rms_norm, eager_below=64 * 1024, varying=first_dims(0, 1),
+                              small=cpu_pointwise.fused_add_rms_norm)
+apply_rotary = Compiled(reference.apply_rotary, eager_below=8 * 1024, varying=first_dims(0, 1, 2),
+                        small=cpu_pointwise.apply_rotary)
 silu_and_mul = Compiled(reference.silu_and_mul, eager_below=512 * 1024)

@@ -134,7 +134,7 @@ class DecodeCall:
 
     tokens: torch.Tensor | None
     count: int  # real rows; the tensors may hold one more (a repeated row)
-    tables: torch.Tensor
+    tables: torch.Tensor | None  # None where the rows go in parts (`order`)
     lens: torch.Tensor
     prefixes: list[tuple[int, int, torch.Tensor]]
     # Where rows are tokens of short chunks, their attention past the prefixes goes by chunk
@@ -152,7 +152,7 @@ class DecodeCall:
     def __post_init__(self):
         if self.prefixes:
             bounds = [0] + [end for _, end, _ in self.prefixes]
-            assert [start for start, _, _ in self.prefixes] == bounds[:-1] and bounds[-1] == self.tables.shape[0]
+            assert [start for start, _, _ in self.prefixes] == bounds[:-1] and bounds[-1] == self.lens.shape[0]
 
     def _prefix_plan(self, query, k_cache):
         """How the prefixes are computed (`cpu_prefix.plan_for`), planned at the first layer."""
@@ -247,7 +247,12 @@ def plan_decodes(block_tables, seq_lens, query_start_loc, block_size: int, heads
             prefixes.append((len(rows), len(rows) + len(members), torch.tensor(tables[members[0]][:shared],
                                                                                device=device)))
             rows.extend(members)
-            tails.extend((tables[m][shared:], row_lens[m] - shared * block_size) for m in members)
+            cut: dict[int, list[int]] = {}  # a chunk's rows hold one table: cut it once, not once per row
+            for m in members:
+                tail = cut.get(id(tables[m]))
+                if tail is None:
+                    tail = cut[id(tables[m])] = tables[m][shared:]
+                tails.append((tail, row_lens[m] - shared * block_size))
         calls.append(_call(rows, tails, tokens, prefixes, block_size, whole_step=False, device=device,
                            row_seqs=row_seqs, heads=heads, native_chunks=native_chunks))
     alone = next((members for members, shared in groups if not shared), [])
@@ -268,15 +273,16 @@ def plan_decodes(block_tables, seq_lens, query_start_loc, block_size: int, heads
 
 def _call(rows, tails, tokens, prefixes, block_size, whole_step, device, row_seqs, heads, native_chunks) -> DecodeCall:
     """A DecodeCall over `rows` (indices into `tokens`), each with its (block table, context length)."""
-    width = max(2, -(-max(n for _, n in tails) // block_size))
     call = DecodeCall(
         tokens=None if whole_step else torch.tensor([tokens[r] for r in rows], device=device),
         count=len(set(rows)),
-        tables=_tables([t for t, _ in tails], width, device),
+        tables=None,
         lens=torch.tensor([n for _, n in tails], dtype=torch.int32, device=device),
         prefixes=prefixes,
     )
     _plan_tails(call, rows, tails, row_seqs, heads, block_size, device, native_chunks)
+    if call.order is None:  # one kernel call over every row: their tables (else each part has its own)
+        call.tables = _tables([t for t, _ in tails], max(2, -(-max(n for _, n in tails) // block_size)), device)
     return call
 
 
@@ -316,7 +322,11 @@ def _plan_tails(call: DecodeCall, rows, tails, row_seqs, heads, block_size, devi
 
 
 def _tables(tables: list[list[int]], width: int, device) -> torch.Tensor:
-    return torch.tensor([_padded(t[:width], width) for t in tables], dtype=torch.int32, device=device)
+    padded: dict[int, list[int]] = {}  # rows of one chunk hold one table: pad it once
+    for t in tables:
+        if id(t) not in padded:
+            padded[id(t)] = _padded(t[:width], width)
+    return torch.tensor([padded[id(t)] for t in tables], dtype=torch.int32, device=device)
 
 
 def _padded(blocks: list[int], width: int) -> list[int]:

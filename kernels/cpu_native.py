@@ -31,7 +31,8 @@ import torch
 
 log = logging.getLogger(__name__)
 ENV = "PAGEDBATCH_CPU_NATIVE"
-SOURCES = [Path(__file__).with_name("csrc") / name for name in ("cpu_decode.cpp", "cpu_spans.cpp")]
+SOURCES = [Path(__file__).with_name("csrc") / name for name in ("cpu_decode.cpp", "cpu_spans.cpp",
+                                                                 "cpu_pointwise.cpp")]
 HEADERS = [Path(__file__).with_name("csrc") / "cpu_vec.h"]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno"]
 _lock = threading.Lock()
@@ -95,6 +96,13 @@ def bind(path: Path) -> ctypes.CDLL:
     lib.pb_decode_attention.restype = ctypes.c_int
     lib.pb_span_attention.argtypes = [p, p, p, i, i, p, i, p, i, p, i, i, i, i, i, ctypes.c_float, p, p]
     lib.pb_span_attention.restype = ctypes.c_int
+    f, i64 = ctypes.c_float, ctypes.c_int64
+    lib.pb_rms_norm.argtypes = [p, p, p, p, p, i, i, f, i]
+    lib.pb_rms_norm.restype = None
+    lib.pb_rotary.argtypes = [p, i64, p, p, i64, i, i, i, p, i]
+    lib.pb_rotary.restype = ctypes.c_int
+    lib.pb_write_kv.argtypes = [p, i64, p, i64, p, p, p, i, i64, i, i]
+    lib.pb_write_kv.restype = ctypes.c_int
     return lib
 
 

@@ -1,0 +1,154 @@
+// The CPU engine's small per-token kernels, for the few rows of a decode step: RMSNorm (with the
+// residual add), neox rotary embedding and the KV-cache write. torch runs each as
+// several ops of ~10 us of dispatch apiece, ~100-250 us a call where the arithmetic is ~1 us; compiled,
+// dynamo's guards cost as much. These are the same arithmetic in one pass, float32 inside as the
+// reference kernels (kernels/reference.py) compute it, for float32 and bfloat16 tensors.
+
+// Products and sums rounded one by one, as torch's element-wise ops round them: no fused multiply-adds.
+#pragma GCC optimize("fp-contract=off")
+
+#include "cpu_vec.h"
+
+static inline float widen(float x) { return x; }
+static inline float widen(uint16_t x) {
+    uint32_t bits = uint32_t(x) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+static inline void narrow(float x, float* out) { *out = x; }
+static inline void narrow(float x, uint16_t* out) {  // round to nearest even, as torch's float -> bfloat16
+    uint32_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    if ((bits & 0x7fffffff) > 0x7f800000) {
+        *out = uint16_t((bits >> 16) | 0x40);  // NaN stays NaN
+        return;
+    }
+    bits += 0x7fff + ((bits >> 16) & 1);
+    *out = uint16_t(bits >> 16);
+}
+
+// Vectors rounded to T: bfloat16 to nearest even (NaN kept a NaN), as torch's float -> bfloat16.
+static inline void put(float* out, vfloat v) { store(out, v); }
+static inline void put(uint16_t* out, vfloat v) {
+    vuint bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    vuint rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    rounded = (bits & 0x7fffffffu) > 0x7f800000u ? (bits >> 16) | 0x40u : rounded;
+    vhalf h = __builtin_convertvector(rounded, vhalf);
+    std::memcpy(out, &h, sizeof h);
+}
+static inline vfloat round_to(vfloat v, const float*) { return v; }
+static inline vfloat round_to(vfloat v, const uint16_t*) {  // to bfloat16 and back
+    uint16_t h[LANES];
+    put(h, v);
+    return load(h);
+}
+
+// out = rms_norm(x (+ residual)) * weight; with a residual, sum_out = x + residual (rounded to T first,
+// as torch adds in the tensors' dtype).
+template <typename T>
+static void rms_norm(const T* x, const T* residual, const T* weight, T* out, T* sum_out, int rows, int size,
+                     float eps) {
+    std::vector<float> row(size);
+    for (int r = 0; r < rows; r++) {
+        const int64_t at = int64_t(r) * size;
+        int i = 0;
+        vfloat lanes = {};
+        for (; i + LANES <= size; i += LANES) {
+            vfloat v = load(x + at + i);
+            if (residual) {
+                v = round_to(v + load(residual + at + i), x);
+                put(sum_out + at + i, v);
+            }
+            store(row.data() + i, v);
+            lanes += v * v;
+        }
+        float squares = sum(lanes);
+        for (; i < size; i++) {
+            float v = widen(x[at + i]);
+            if (residual) {
+                T rounded;
+                narrow(v + widen(residual[at + i]), &rounded);
+                sum_out[at + i] = rounded;
+                v = widen(rounded);
+            }
+            row[i] = v;
+            squares += v * v;
+        }
+        const float inverse = 1.f / std::sqrt(squares / size + eps);
+        for (i = 0; i + LANES <= size; i += LANES) put(out + at + i, load(row.data() + i) * inverse * load(weight + i));
+        for (; i < size; i++) narrow(row[i] * inverse * widen(weight[i]), out + at + i);
+    }
+}
+
+// Rotates `heads` heads of head_dim at x (row stride x_stride, heads contiguous) into out (contiguous):
+// halves x1, x2 -> (x1 cos - x2 sin, x2 cos + x1 sin), cos and sin of each token's position.
+template <typename T>
+static void rotary(const T* x, int64_t x_stride, const int64_t* positions, const float* cos_sin, int tokens,
+                   int heads, int head_dim, T* out) {
+    const int half = head_dim / 2;
+    for (int t = 0; t < tokens; t++) {
+        const float* cos = cos_sin + positions[t] * head_dim;
+        const float* sin = cos + half;
+        for (int h = 0; h < heads; h++) {
+            const T* in = x + t * x_stride + int64_t(h) * head_dim;
+            T* o = out + (int64_t(t) * heads + h) * head_dim;
+            int i = 0;
+            for (; i + LANES <= half; i += LANES) {
+                vfloat x1 = load(in + i), x2 = load(in + i + half), c = load(cos + i), s = load(sin + i);
+                put(o + i, x1 * c - x2 * s);
+                put(o + i + half, x2 * c + x1 * s);
+            }
+            for (; i < half; i++) {
+                float x1 = widen(in[i]), x2 = widen(in[i + half]);
+                narrow(x1 * cos[i] - x2 * sin[i], o + i);
+                narrow(x2 * cos[i] + x1 * sin[i], o + i + half);
+            }
+        }
+    }
+}
+
+extern "C" {
+
+// dtype: 0 float32, 1 bfloat16; every tensor contiguous unless a stride says otherwise.
+void pb_rms_norm(const void* x, const void* residual, const void* weight, void* out, void* sum_out, int rows,
+                 int size, float eps, int bf16) {
+    if (bf16)
+        rms_norm((const uint16_t*)x, (const uint16_t*)residual, (const uint16_t*)weight, (uint16_t*)out,
+                 (uint16_t*)sum_out, rows, size, eps);
+    else
+        rms_norm((const float*)x, (const float*)residual, (const float*)weight, (float*)out, (float*)sum_out, rows,
+                 size, eps);
+}
+
+// Returns -2 (and writes nothing) where a position is past the cos_sin table's max_positions rows.
+int pb_rotary(const void* x, int64_t x_stride, const int64_t* positions, const float* cos_sin, int64_t max_positions,
+              int tokens, int heads, int head_dim, void* out, int bf16) {
+    for (int t = 0; t < tokens; t++)
+        if (positions[t] < 0 || positions[t] >= max_positions) return -2;
+    if (bf16)
+        rotary((const uint16_t*)x, x_stride, positions, cos_sin, tokens, heads, head_dim, (uint16_t*)out);
+    else
+        rotary((const float*)x, x_stride, positions, cos_sin, tokens, heads, head_dim, (float*)out);
+    return 0;
+}
+
+// Row t of key and value (`width` elements each, row strides key_stride, value_stride) into slot
+// slots[t] of the caches ([slots, width], the same dtype); a slot below 0 is skipped. Returns -2 (and
+// writes nothing) where a slot is past the caches.
+int pb_write_kv(const void* key, int64_t key_stride, const void* value, int64_t value_stride, void* k_cache,
+                void* v_cache, const int64_t* slots, int tokens, int64_t num_slots, int width, int element_size) {
+    for (int t = 0; t < tokens; t++)
+        if (slots[t] >= num_slots) return -2;
+    const char* k = static_cast<const char*>(key);
+    const char* v = static_cast<const char*>(value);
+    for (int t = 0; t < tokens; t++) {
+        if (slots[t] < 0) continue;
+        int64_t bytes = int64_t(width) * element_size;
+        std::memcpy(static_cast<char*>(k_cache) + slots[t] * bytes, k + t * key_stride * element_size, bytes);
+        std::memcpy(static_cast<char*>(v_cache) + slots[t] * bytes, v + t * value_stride * element_size, bytes);
+    }
+    return 0;
+}
+}
