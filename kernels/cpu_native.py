@@ -135,19 +135,25 @@ def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
             and takes(k_cache.dtype, query.shape[1], k_cache.shape[2], k_cache.shape[3]))
 
 
+def _float32_call(query, k_cache, v_cache):
+    """The queries as the kernels read them (float32, contiguous), and the output and log-sum-exp
+    tensors they write; the caches checked alike."""
+    assert v_cache.shape == k_cache.shape and v_cache.dtype == k_cache.dtype and v_cache.is_contiguous()
+    rows, heads, head_dim = query.shape
+    return (query.to(torch.float32).contiguous(), torch.empty((rows, heads, head_dim), dtype=torch.float32),
+            torch.empty((rows, heads), dtype=torch.float32))
+
+
 def decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale, lib: ctypes.CDLL | None = None):
     """`cpu_attention.decode_attention`'s contract (output and log-sum-exp, float32), for tensors that
     `supports` takes, through `lib` (the `library()` by default). A row of length 0 gives zeros and a
     log-sum-exp of -inf."""
     rows, heads, head_dim = query.shape
     _, block_size, kv_heads, _ = k_cache.shape
-    assert v_cache.shape == k_cache.shape and v_cache.dtype == k_cache.dtype and v_cache.is_contiguous()
-    q = query.to(torch.float32).contiguous()
+    q, out, lse = _float32_call(query, k_cache, v_cache)
     tables = block_tables.to(torch.int32).contiguous()
     lengths = seq_lens.to(torch.int32).contiguous()
     assert tables.shape[0] == rows and lengths.shape == (rows,)
-    out = torch.empty((rows, heads, head_dim), dtype=torch.float32)
-    lse = torch.empty((rows, heads), dtype=torch.float32)
     status = (lib or library()).pb_decode_attention(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.bfloat16), k_cache.shape[0],
         tables.data_ptr(), tables.shape[1], lengths.data_ptr(), rows, heads, kv_heads, head_dim, block_size,
@@ -167,14 +173,11 @@ def span_attention(query, k_cache, v_cache, tables, bounds, lengths, scale, lib:
     length 0 gives zeros and -inf. For tensors that `supports` takes."""
     rows, heads, head_dim = query.shape
     _, block_size, kv_heads, _ = k_cache.shape
-    assert v_cache.shape == k_cache.shape and v_cache.dtype == k_cache.dtype and v_cache.is_contiguous()
-    q = query.to(torch.float32).contiguous()
+    q, out, lse = _float32_call(query, k_cache, v_cache)
     tables = tables.to(torch.int32).contiguous()
     bounds = bounds.to(torch.int32).contiguous()
     lengths = lengths.to(torch.int32).contiguous()
     assert bounds.shape == (tables.shape[0], 2) and lengths.shape == (rows,)
-    out = torch.empty((rows, heads, head_dim), dtype=torch.float32)
-    lse = torch.empty((rows, heads), dtype=torch.float32)
     status = (lib or library()).pb_span_attention(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.bfloat16), k_cache.shape[0],
         tables.data_ptr(), tables.shape[1], bounds.data_ptr(), tables.shape[0], lengths.data_ptr(), rows, heads,
