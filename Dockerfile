@@ -18,7 +18,7 @@ COPY api api
 COPY batchfile batchfile
 COPY broker broker
 COPY engine engine
-COPY kernels kernels
+COPY pagedbatch_kernels pagedbatch_kernels
 COPY migrations migrations
 COPY pagedbatch pagedbatch
 COPY store store

@@ -1,4 +1,4 @@
-"""Decodes' attention over shared prefixes on the CPU (`kernels.cpu_prefix`): PyTorch's flash
+"""Decodes' attention over shared prefixes on the CPU (`pagedbatch_kernels.cpu_prefix`): PyTorch's flash
 attention group by group against every group of the step in one batched matmul, in one run, on the
 vs_vllm model's heads (6 query heads of 64 over 2 KV heads).
 
@@ -15,7 +15,7 @@ import torch
 
 from bench.cpu_linear import seconds
 from engine.cpu_malloc import keep_freed_memory
-from kernels import cpu_prefix
+from pagedbatch_kernels import cpu_prefix
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 6, 2, 64, 16
 # (groups, decodes per group, prefix tokens): the shared_prefix workload's step, fewer and longer, many small

@@ -147,8 +147,8 @@ def check_kernels_on_gpu():
     """Run every Triton kernel against its torch twin on CUDA in bf16, then time decode attention."""
     if not torch.cuda.is_available():
         raise RuntimeError("check_kernels_on_gpu needs a CUDA device")
-    from kernels import reference as ref
-    from kernels import triton_ops as tri
+    from pagedbatch_kernels import reference as ref
+    from pagedbatch_kernels import triton_ops as tri
 
     torch.manual_seed(0)
     checks = _attention_checks(ref, tri) + _pointwise_checks(ref, tri)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.cpu_prefill import onednn_bf16
+from pagedbatch_kernels.cpu_prefill import onednn_bf16
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 BATCH_HINT = 64  # oneDNN picks the packed layout for about this many rows; any count runs

@@ -3,7 +3,7 @@
 Every model layer calls the functions of an `Ops` object; `select_ops(backend, device)`
 returns the torch reference set (runs anywhere), the same compiled by inductor with a paged decode
 attention that reads the pool in place (the CPU engine's), or the Triton set (CUDA, or CPU through
-TRITON_INTERPRET=1). Both take the arguments of `kernels.reference`; what a set can do
+TRITON_INTERPRET=1). Both take the arguments of `pagedbatch_kernels.reference`; what a set can do
 beyond that, the engine learns from its capability flags, never from its name.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kernels import compiled, cpu_attention, cpu_pointwise, reference
+from pagedbatch_kernels import compiled, cpu_attention, cpu_pointwise, reference
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ CPU_OPS = replace(
 
 
 def triton_ops() -> Ops:
-    from kernels import triton_ops as t  # imported lazily: triton is optional on CPU
+    from pagedbatch_kernels import triton_ops as t  # imported lazily: triton is optional on CPU
 
     return Ops(
         name="triton",

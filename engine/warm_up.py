@@ -14,7 +14,7 @@ import torch
 from engine.config import ModelConfig
 from engine.cpu_malloc import heap_bytes, prefault
 from engine.models.llama import AttentionInputs, LlamaForCausalLM
-from kernels.compiled import compiling_everything
+from pagedbatch_kernels.compiled import compiling_everything
 
 log = logging.getLogger(__name__)
 LONG_PROMPT = 96  # longer than the chunks the decode kernels take

@@ -56,7 +56,7 @@ def tiny_model(tmp_path_factory):
 def baseline_library(tmp_path_factory):
     """The native CPU kernels built for the compiler's default target: no -march=native, so no AVX
     (4-lane vectors, the portable reductions)."""
-    from kernels import cpu_native
+    from pagedbatch_kernels import cpu_native
 
     cache = tmp_path_factory.mktemp("native-baseline")
     with pytest.MonkeyPatch.context() as mp:

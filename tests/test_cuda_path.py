@@ -223,7 +223,7 @@ def count_host_reads():
 def test_a_step_reads_the_device_once(tiny_model, mode):
     """Runner, model and sampler turn no tensor into a Python value except through one
     `fetch` per step (sampled tokens, with logprobs in the same transfer). The torch
-    reference attention (kernels/) is exempt: it is the CPU path. On a GPU, CUDA's sync
+    reference attention (pagedbatch_kernels/) is exempt: it is the CPU path. On a GPU, CUDA's sync
     debug mode also sees at most that one synchronisation per step."""
     path = tiny_model("qwen3")
     llm = make_llm(path, **(PADDED if mode == "padded" else UNPADDED))

@@ -9,14 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference
+from pagedbatch_kernels import reference
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
 DTYPES = [torch.float32, torch.bfloat16] if CUDA else [torch.float32]
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 5e-3}
 
-triton_ops = pytest.importorskip("kernels.triton_ops")
+triton_ops = pytest.importorskip("pagedbatch_kernels.triton_ops")
 
 
 def make_batch(q_lens, ctx_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, seed=0):
@@ -86,8 +86,8 @@ def test_long_decodes(num_splits, dtype):
     """Decode-only batch with long contexts: several partitions, some sequences shorter than others."""
     batch = make_batch([1, 1, 1], [700, 63, 300], 8, 1, 64, 16, dtype, seed=2)
     if num_splits is None and not CUDA:
-        assert triton_ops.paged_attention.__module__ == "kernels.paged_attention"
-        from kernels.paged_attention import choose_num_splits
+        assert triton_ops.paged_attention.__module__ == "pagedbatch_kernels.paged_attention"
+        from pagedbatch_kernels.paged_attention import choose_num_splits
 
         assert choose_num_splits(3, 1, 701, DEVICE) > 1  # the default does split this batch
     check(batch, dtype, num_splits=num_splits)
@@ -148,7 +148,7 @@ def test_decode_replays_in_cuda_graph():
     dtype = torch.bfloat16
     batch = make_batch([1] * 8, [100, 5, 640, 3000, 1, 17, 2500, 33], 16, 8, 128, 16, dtype, seed=7)
     hints = dict(max_query_len=1, max_seq_len=batch["block_tables"].shape[1] * 16)
-    from kernels.paged_attention import choose_num_splits
+    from pagedbatch_kernels.paged_attention import choose_num_splits
 
     assert choose_num_splits(8, 8, hints["max_seq_len"], DEVICE) > 1  # flash-decoding inside the graph
     out = torch.empty_like(batch["query"])

@@ -1,5 +1,5 @@
-"""The CPU engine's compiled kernels (`kernels.compiled`, `kernels.cpu_attention`) against their
-plain-torch twins in `kernels.reference` on random inputs of many shapes, and the eager fallback
+"""The CPU engine's compiled kernels (`pagedbatch_kernels.compiled`, `pagedbatch_kernels.cpu_attention`) against their
+plain-torch twins in `pagedbatch_kernels.reference` on random inputs of many shapes, and the eager fallback
 where compiling fails."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from kernels import compiled, cpu_attention, cpu_prefill, reference
+from pagedbatch_kernels import compiled, cpu_attention, cpu_prefill, reference
 from tests.test_kernels_reference import make_batch, naive, with_shared_prefixes
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
@@ -92,7 +92,7 @@ def test_a_kernel_that_fails_to_compile_runs_eagerly_with_a_warning(monkeypatch,
     monkeypatch.setattr(torch, "compile", broken_compile)
     kernel = compiled.Compiled(reference.silu_and_mul)
     x = torch.randn(3, 8)
-    with caplog.at_level(logging.WARNING, logger="kernels.compiled"):
+    with caplog.at_level(logging.WARNING, logger="pagedbatch_kernels.compiled"):
         assert torch.equal(kernel(x), reference.silu_and_mul(x))
     assert kernel.failed and "no C++ compiler" in caplog.text
     assert torch.equal(kernel(x), reference.silu_and_mul(x))  # and no second attempt

@@ -1,4 +1,4 @@
-"""Short prompt chunks' attention by chunk (`kernels.cpu_chunks`) in the CPU engine's decode calls:
+"""Short prompt chunks' attention by chunk (`pagedbatch_kernels.cpu_chunks`) in the CPU engine's decode calls:
 equal to the naive attention, with and without shared prefixes, beside single decodes, in batches
 that respect their bounds, and handing back to the decode kernel what does not fit."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu_attention, cpu_chunks
+from pagedbatch_kernels import cpu_attention, cpu_chunks
 from tests.test_kernels_reference import make_batch, naive
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}

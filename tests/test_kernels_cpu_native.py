@@ -1,4 +1,4 @@
-"""The native CPU decode kernel (`kernels.cpu_native`, `kernels/csrc/cpu_decode.cpp`) against its
+"""The native CPU decode kernel (`pagedbatch_kernels.cpu_native`, `pagedbatch_kernels/csrc/cpu_decode.cpp`) against its
 plain-torch twin in float64 on random pools of many shapes, built for this CPU and for the compiler's
 baseline target (no AVX: the portable reductions); its bounds checks, its build cache, and the
 engine falling back to inductor's kernel where it cannot be built or is turned off."""
@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from kernels import cpu_attention, cpu_native
+from pagedbatch_kernels import cpu_attention, cpu_native
 from tests.helpers import REPO
 
 SHAPES = [  # heads, KV heads, head size, block size
@@ -159,7 +159,7 @@ def test_without_a_compiler_the_engine_warns_and_keeps_inductors_kernel(monkeypa
     monkeypatch.setattr(cpu_native, "_loaded", False)
     monkeypatch.setattr(cpu_native, "_library", None)
     monkeypatch.setenv("XDG_CACHE_HOME", "/nonexistent-cache")
-    with caplog.at_level(logging.WARNING, logger="kernels.cpu_native"):
+    with caplog.at_level(logging.WARNING, logger="pagedbatch_kernels.cpu_native"):
         assert cpu_native.library() is None
     assert "no C++ compiler" in caplog.text
     call = random_call(6, 2, 64, 16, torch.float32, [9, 40], seed=6)
@@ -169,7 +169,7 @@ def test_without_a_compiler_the_engine_warns_and_keeps_inductors_kernel(monkeypa
 
 
 def test_turned_off_by_the_environment():
-    code = "from kernels import cpu_native; print(cpu_native.library() is None)"
+    code = "from pagedbatch_kernels import cpu_native; print(cpu_native.library() is None)"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
                           env={**__import__("os").environ, cpu_native.ENV: "off"})
     assert done.stdout.strip() == "True"

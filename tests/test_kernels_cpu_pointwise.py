@@ -1,5 +1,5 @@
-"""The native per-token kernels (`kernels.cpu_pointwise`, `kernels/csrc/cpu_pointwise.cpp`) against
-`kernels.reference`: bit for bit where the arithmetic is the same element by element (rotary, the
+"""The native per-token kernels (`pagedbatch_kernels.cpu_pointwise`, `csrc/cpu_pointwise.cpp`) against
+`pagedbatch_kernels.reference`: bit for bit where the arithmetic is the same element by element (rotary, the
 cache write, bfloat16 norms), to float32 rounding where a sum's order differs (float32 norms); the
 layouts and dtypes they hand back to the reference; refused positions and slots."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.models.rotary import cos_sin_cache
-from kernels import cpu_native, cpu_pointwise, reference
+from pagedbatch_kernels import cpu_native, cpu_pointwise, reference
 
 DTYPES = [torch.float32, torch.bfloat16]
 

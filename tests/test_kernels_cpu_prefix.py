@@ -1,4 +1,4 @@
-"""Decodes' attention over the prefix blocks their group shares (`kernels.cpu_prefix`): the batched
+"""Decodes' attention over the prefix blocks their group shares (`pagedbatch_kernels.cpu_prefix`): the batched
 bfloat16 matmuls against the float64 softmax of every row over its group's prefix, how groups are
 batched (padding and score bounds), and flash attention where a group is too large to batch."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu_prefix
+from pagedbatch_kernels import cpu_prefix
 
 BLOCK = 16
 
@@ -126,7 +126,7 @@ def test_the_fastest_usable_kernel_is_timed_once_per_shape(monkeypatch):
 
 
 def test_calibration_times_only_the_usable_kernels(monkeypatch):
-    from kernels import cpu_native
+    from pagedbatch_kernels import cpu_native
 
     monkeypatch.setattr(cpu_native, "takes", lambda *a: False)
     assert cpu_prefix.calibrate(torch.float32, 6, 2, 32, BLOCK, repeats=1) == "flash"  # the only one: not timed
@@ -158,7 +158,7 @@ def test_native_groups_equal_the_naive_softmax(sizes, dtype):
 
 @pytest.mark.parametrize("choice", cpu_prefix.KERNELS)
 def test_decodes_sharing_prefixes_equal_naive_every_way(monkeypatch, choice):
-    from kernels import cpu_attention, cpu_native
+    from pagedbatch_kernels import cpu_attention, cpu_native
     from tests.test_kernels_reference import make_batch, with_shared_prefixes
     from tests.test_kernels_reference import naive as naive_attention
 

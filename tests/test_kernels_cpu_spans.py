@@ -1,4 +1,4 @@
-"""The native span kernel (`kernels.cpu_native.span_attention`, `kernels/csrc/cpu_spans.cpp`): many rows
+"""The native span kernel (`pagedbatch_kernels.cpu_native.span_attention`, `csrc/cpu_spans.cpp`): many rows
 over one block table each, against a float64 twin on random pools of many shapes, for causal prompt
 chunks, groups of one length, empty rows and contexts that end anywhere in a chunk of positions; its
 bounds checks; the portable build; and the engine's prompt and chunk paths through it."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu_attention, cpu_native, cpu_prefill, cpu_prefix
+from pagedbatch_kernels import cpu_attention, cpu_native, cpu_prefill, cpu_prefix
 from tests.test_kernels_cpu_native import SHAPES
 from tests.test_kernels_reference import make_batch, naive
 

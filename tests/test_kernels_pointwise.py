@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference
+from pagedbatch_kernels import reference
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -22,7 +22,7 @@ def assert_rounded_equal(got, expected):
     else:
         assert torch.equal(got, expected)
 
-triton_ops = pytest.importorskip("kernels.triton_ops")
+triton_ops = pytest.importorskip("pagedbatch_kernels.triton_ops")
 
 
 def randn(*shape, dtype=torch.float32, seed=0):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.profiler import profile
 
-from kernels import reference
+from pagedbatch_kernels import reference
 
 
 def make_batch(q_lens, ctx_lens, num_heads, num_kv_heads, dtype, head_dim=32, block_size=16, seed=0):

@@ -21,8 +21,8 @@ from tests.helpers import REPO
 ANYTHING = None
 # package -> the first-party packages it may import (besides itself)
 MAY_IMPORT: dict[str, set[str] | None] = {
-    "kernels": set(),
-    "engine": {"kernels"},
+    "pagedbatch_kernels": set(),
+    "engine": {"pagedbatch_kernels"},
     "batchfile": {"engine"},  # only engine modules that load no torch, checked below
     "store": {"batchfile"},
     "broker": {"store"},
@@ -38,7 +38,7 @@ QUEUE = {"celery", "kombu", "redis"}
 DATABASE = {"sqlalchemy", "alembic", "psycopg"}
 # package -> third-party libraries it must not import
 MUST_NOT_IMPORT: dict[str, set[str]] = {
-    "kernels": WEB | QUEUE | DATABASE | {"transformers"},
+    "pagedbatch_kernels": WEB | QUEUE | DATABASE | {"transformers"},
     "engine": WEB | QUEUE | DATABASE,
     "batchfile": GPU | WEB | QUEUE | DATABASE,
     "store": GPU | WEB | QUEUE,
@@ -195,6 +195,17 @@ def test_every_package_has_rules():
     assert not unknown, f"packages without layout rules in tests/test_layout.py: {unknown}"
 
 
+def test_no_installed_distribution_claims_our_package_names():
+    """A top-level name of ours that another distribution also installs shadows it, or is shadowed:
+    transformers 5.25 began importing Hugging Face's `kernels`, and found our old `kernels/` instead."""
+    import importlib.metadata
+
+    claimed = importlib.metadata.packages_distributions()
+    ours = {package_of(m) for m in modules()} - {"examples"}
+    clashes = {name: claimed[name] for name in ours if set(claimed.get(name, [])) - {"pagedbatch"}}
+    assert not clashes, f"top-level names also installed by other distributions: {clashes}"
+
+
 def test_packages_import_only_what_they_may():
     problems = []
     for imp in imports():
@@ -323,7 +334,7 @@ REAL_IMPORTS = {
     "batchfile": (lambda: _all_of("batchfile"), GPU | WEB | QUEUE | DATABASE),
     "store": (lambda: _all_of("store"), GPU | WEB | QUEUE),
     "broker": (lambda: _all_of("broker"), GPU | WEB),
-    "api.app": (lambda: ["api.app"], GPU | {"workers", "kernels"}),
+    "api.app": (lambda: ["api.app"], GPU | {"workers", "pagedbatch_kernels"}),
 }
 
 

@@ -2,7 +2,7 @@
 // residual add), neox rotary embedding and the KV-cache write. torch runs each as
 // several ops of ~10 us of dispatch apiece, ~100-250 us a call where the arithmetic is ~1 us; compiled,
 // dynamo's guards cost as much. These are the same arithmetic in one pass, float32 inside as the
-// reference kernels (kernels/reference.py) compute it, for float32 and bfloat16 tensors.
+// reference kernels (pagedbatch_kernels/reference.py) compute it, for float32 and bfloat16 tensors.
 
 // Products and sums rounded one by one, as torch's element-wise ops round them: no fused multiply-adds.
 #pragma GCC optimize("fp-contract=off")

@@ -1,6 +1,6 @@
 """Paged attention over a mixed batch of prefill chunks and single-token decodes.
 
-Layout (see kernels/reference.py): query [T, H, D] packed by sequence, k/v cache
+Layout (see pagedbatch_kernels/reference.py): query [T, H, D] packed by sequence, k/v cache
 [num_blocks, block_size, Hkv, D], block_tables [S, max_blocks], seq_lens [S] (context
 length including the new tokens), query_start_loc [S + 1].
 
@@ -278,7 +278,7 @@ def paged_attention(
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its whole paged context.
 
-    Same contract as `kernels.reference.paged_attention`. Optional host-side hints (all
+    Same contract as `pagedbatch_kernels.reference.paged_attention`. Optional host-side hints (all
     plain Python ints; nothing here reads device memory, so every call is graph-capturable):
       max_query_len: longest new-token run in the batch; 1 means decode-only, which skips the
         query-block launch when decodes are split and picks decode-sized tiles.

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import cpu_native
-from kernels.compiled import Compiled
-from kernels.cpu_prefill import fastest
+from pagedbatch_kernels import cpu_native
+from pagedbatch_kernels.compiled import Compiled
+from pagedbatch_kernels.cpu_prefill import fastest
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ prompts through `cpu_prefill`.
 The reference gathers each decode's context out of the pool (`index_select`) and then lays it out
 again for a batched matmul, at every layer: two copies of every context per step. The decode kernel
 loads each key and value from its block directly: our C++ one (`cpu_native`) where it can be built,
-else `decode_attention` compiled by inductor (`kernels.compiled`) into a few fused loops. Decodes
+else `decode_attention` compiled by inductor (`pagedbatch_kernels.compiled`) into a few fused loops. Decodes
 whose block tables start with the same blocks (a shared system prompt, sibling samples) read those
 blocks once for the whole group, every member's queries at once (`cpu_prefix`), and only their own
 tails through the kernel; the two partial results merge by their log-sum-exp. Which decode goes in
@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels import cpu_native, reference
-from kernels.compiled import Compiled, first_dims
-from kernels.cpu_chunks import Chunk, ChunkBatch, chunk_attention, plan_chunks
-from kernels.cpu_prefill import prefill_attention
-from kernels.cpu_prefix import grouped_prefix_attention, plan_for, prefix_kernel
+from pagedbatch_kernels import cpu_native, reference
+from pagedbatch_kernels.compiled import Compiled, first_dims
+from pagedbatch_kernels.cpu_chunks import Chunk, ChunkBatch, chunk_attention, plan_chunks
+from pagedbatch_kernels.cpu_prefill import prefill_attention
+from pagedbatch_kernels.cpu_prefix import grouped_prefix_attention, plan_for, prefix_kernel
 
 MIN_SAVING = 0.25  # a decode group is split where that saves this share of its padded work
 MAX_GROUPS = 4
@@ -351,7 +351,7 @@ def _step_plan(block_tables, seq_lens, query_start_loc, block_size: int, heads: 
 
 
 def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
-    """`kernels.reference.paged_attention`'s contract."""
+    """`pagedbatch_kernels.reference.paged_attention`'s contract."""
     out = torch.empty_like(query)
     heads = (query.shape[1], k_cache.shape[2])
     # the chunks' rows go to the native span kernel where it is the prefixes' choice

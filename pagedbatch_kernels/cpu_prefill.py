@@ -9,7 +9,7 @@ BF16, as `transformers` computes a bfloat16 model's scores in bfloat16 too), els
 softmax is always float32. Scores are materialised a block of QUERY_BLOCK tokens at a time, so
 memory stays bounded by QUERY_BLOCK x the context.
 
-Which of the two is faster depends on the CPU: PyTorch's flash SDPA (`kernels.reference`) calls MKL
+Which of the two is faster depends on the CPU: PyTorch's flash SDPA (`pagedbatch_kernels.reference`) calls MKL
 and oneDNN's brgemm, which on an Intel Xeon with AMX ran 3-4x faster than the matmuls above.
 Where the native kernels are built, `cpu_native.span_attention` is a third choice (each sequence a
 span of rows over its block table). `prefill_attention` therefore times those usable here once per
@@ -26,8 +26,8 @@ import time
 
 import torch
 
-from kernels import cpu_native, reference
-from kernels.compiled import Compiled
+from pagedbatch_kernels import cpu_native, reference
+from pagedbatch_kernels.compiled import Compiled
 
 log = logging.getLogger(__name__)
 QUERY_BLOCK = 256

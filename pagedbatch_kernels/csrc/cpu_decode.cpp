@@ -1,6 +1,6 @@
 // Paged decode attention for the CPU engine: one query token per row, its keys and values read where
 // they lie in the pool (block by block through the row's block table), for float32 and bfloat16 pools.
-// Built at first use by kernels/cpu_native.py with -march=native; the vectors are GCC/Clang vector
+// Built at first use by pagedbatch_kernels/cpu_native.py with -march=native; the vectors are GCC/Clang vector
 // extensions, so the same code is AVX-512 here, AVX2 or NEON elsewhere.
 //
 // A task is one (row, KV head): its group of query heads at once, so each key and value is loaded

@@ -1,5 +1,5 @@
 """The CPU engine's per-token kernels for the few rows of a decode step, through the native library
-(`csrc/cpu_pointwise.cpp`): each of `kernels.reference`'s RMSNorm, rotary and KV-cache write as one
+(`csrc/cpu_pointwise.cpp`): each of `pagedbatch_kernels.reference`'s RMSNorm, rotary and KV-cache write as one
 C++ pass. torch ran them as a handful of ops at ~10 us of dispatch each (100-250 us a call for ~1 us
 of arithmetic; compiled, dynamo's guards cost as much): with SiLU-and-multiply, ~19% of the mixed
 workload's float32 run on a 2-core AMD EPYC, 10% less run time through these. Same contracts and arithmetic as the
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import cpu_native, reference
+from pagedbatch_kernels import cpu_native, reference
 
 DTYPES = (torch.float32, torch.bfloat16)
 

@@ -15,7 +15,7 @@ import threading
 
 import torch
 
-from kernels import cpu_pointwise, reference
+from pagedbatch_kernels import cpu_pointwise, reference
 
 log = logging.getLogger(__name__)
 RECOMPILE_LIMIT = 64  # dtypes x ranks x head shapes, across the models one process may load

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.compiled import Compiled
-from kernels.cpu_prefix import softmax_and_lse
+from pagedbatch_kernels.compiled import Compiled
+from pagedbatch_kernels.cpu_prefix import softmax_and_lse
 
 SCORES_LIMIT = 1 << 22  # scores of one batched call (x the dtype's bytes, plus as many float32)
 MAX_PADDING = 2.0  # a batch computes at most this many times its chunks' own scores
