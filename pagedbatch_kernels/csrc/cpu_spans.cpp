@@ -11,9 +11,11 @@
 // position by position into the queries' output rows. The softmax is the online one: a
 // running maximum and sum per query, the outputs rescaled where the maximum grows.
 
+#include <type_traits>
+
 #include "cpu_vec.h"
 
-constexpr int CHUNK = 32;  // key positions per step: two vectors of scores per query
+constexpr int CHUNK = 64;  // key positions per step: four vectors of scores per query
 constexpr int CV = CHUNK / LANES;
 constexpr int TASK_QUERIES = 96;  // queries (rows x query heads per KV head) per task, about
 constexpr int SCORE_TILE = std::max(1, ACCUMULATORS / CV);  // queries per score tile
@@ -104,6 +106,69 @@ static inline void transpose_chunk(const float* kc, float* kt) {
 #endif
 }
 
+// bfloat16 pools on CPUs with AVX-512 BF16: the products go through VDPBF16PS, which multiplies pairs
+// of bfloat16 and adds both products to a float32 lane, twice the products of a float32 FMA. Keys and
+// queries are bfloat16 already (products exact, sums float32), so scores are as exact as the float32
+// path's; the softmax weights are rounded to bfloat16 for the weighted sum of values, as `transformers`
+// does for a bfloat16 model (its sum of weights stays float32). Pairs are 32-bit words: scores take
+// pairs of head dimensions (keys transposed to [D/2, CHUNK] words), values pairs of positions
+// ([CHUNK/2, D] words: two positions' values interleaved).
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+constexpr bool BF16_DOT = true;
+typedef uint32_t bf16_pair;
+
+static inline vfloat dot_pairs(vfloat acc, bf16_pair a, const bf16_pair* b) {
+    __m512i x = _mm512_set1_epi32(int(a)), y = _mm512_loadu_si512(b);
+    return (vfloat)_mm512_dpbf16_ps((__m512)acc, (__m512bh)x, (__m512bh)y);
+}
+
+// LANES floats into LANES bfloat16 (rounded to nearest even), in order.
+static inline void store_bf16(uint16_t* p, vfloat v) { _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh((__m512)v)); }
+
+// Two rows of D bfloat16 values (positions 2k and 2k+1) into D words of (row a, row b) pairs.
+template <int D>
+static inline void interleave_rows(const uint16_t* a, const uint16_t* b, bf16_pair* out) {
+    const __m512i low = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                         37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i high = _mm512_add_epi16(low, _mm512_set1_epi16(16));
+    int d = 0;
+    for (; d + 32 <= D; d += 32) {
+        __m512i x = _mm512_loadu_si512(a + d), y = _mm512_loadu_si512(b + d);
+        _mm512_storeu_si512(out + d, _mm512_permutex2var_epi16(x, low, y));
+        _mm512_storeu_si512(out + d + 16, _mm512_permutex2var_epi16(x, high, y));
+    }
+    for (; d < D; d++) out[d] = uint32_t(a[d]) | uint32_t(b[d]) << 16;
+}
+
+// s[i][0:CHUNK] = scale * q_i . k for the tile's MR queries (qp [MR, D/2] pairs; kt [D/2, CHUNK] pairs).
+template <int D, int MR>
+static inline void score_tile_bf16(const bf16_pair* qp, const bf16_pair* kt, float scale, float* s) {
+    vfloat acc[MR][CV] = {};
+    for (int d = 0; d < D / 2; d++)
+        for (int i = 0; i < MR; i++)
+            for (int c = 0; c < CV; c++) acc[i][c] = dot_pairs(acc[i][c], qp[i * (D / 2) + d], kt + d * CHUNK + c * LANES);
+    for (int i = 0; i < MR; i++)
+        for (int c = 0; c < CV; c++) store(s + i * CHUNK + c * LANES, acc[i][c] * scale);
+}
+
+// o[i][column slice] += sum_p w[i][p] v[p][column slice] over `pairs` pairs of positions (wp [MR, CHUNK/2]
+// pairs of weights, vp [CHUNK/2, D] pairs of values).
+template <int D, int MR, int SLICE>
+static inline void value_tile_bf16(const bf16_pair* wp, const bf16_pair* vp, int pairs, int column, float* o) {
+    vfloat acc[MR][SLICE];
+    for (int i = 0; i < MR; i++)
+        for (int c = 0; c < SLICE; c++) acc[i][c] = load(o + i * D + column + c * LANES);
+    for (int p = 0; p < pairs; p++)
+        for (int i = 0; i < MR; i++)
+            for (int c = 0; c < SLICE; c++)
+                acc[i][c] = dot_pairs(acc[i][c], wp[i * (CHUNK / 2) + p], vp + p * D + column + c * LANES);
+    for (int i = 0; i < MR; i++)
+        for (int c = 0; c < SLICE; c++) store(o + i * D + column + c * LANES, acc[i][c]);
+}
+#else
+constexpr bool BF16_DOT = false;
+#endif
+
 template <typename T, int DV>
 struct SpanKernel {
     static constexpr int D = DV * LANES;
@@ -111,8 +176,12 @@ struct SpanKernel {
     static constexpr int VALUE_TILE = value_tile(DV);
     static constexpr int PAD = lcm(SCORE_TILE, VALUE_TILE);  // queries are computed in multiples of this
 
+    // bfloat16 pools take the VDPBF16PS path where the CPU has it
+    static constexpr bool PAIRS = BF16_DOT && std::is_same_v<T, uint16_t>;
+
     struct Scratch {
         std::vector<float> q, o, s, kc, kt, vc, top, total;
+        std::vector<uint32_t> qp, wp;  // the queries and a chunk's weights as bfloat16 pairs
         std::vector<int> visible;
     };
 
@@ -158,6 +227,46 @@ struct SpanKernel {
         }
     }
 
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+    // One chunk of `count` positions from c0 through VDPBF16PS: keys as [D/2, CHUNK] pairs of dimensions,
+    // values as [CHUNK/2, D] pairs of positions, weights rounded to bfloat16 pairs.
+    static void pair_chunk(Scratch& w, const T* keys, const T* values, const int32_t* table, int block_size,
+                           int64_t stride, int kv_head, int c0, int count, float scale, int padded) {
+        uint16_t* kc = reinterpret_cast<uint16_t*>(w.kc.data());  // [CHUNK, D] raw keys
+        static const uint16_t zeros[D] = {};
+        const uint16_t* rows[CHUNK];  // each position's values; zeros past the chunk's end
+        for (int p = 0; p < CHUNK; p++) {
+            if (p >= count) {
+                rows[p] = zeros;
+                continue;
+            }
+            int position = c0 + p;
+            int64_t at = (int64_t(table[position / block_size]) * block_size + position % block_size) * stride +
+                         int64_t(kv_head) * D;
+            std::memcpy(kc + p * D, keys + at, sizeof(uint16_t) * D);
+            rows[p] = values + at;
+        }
+        std::fill(kc + count * D, kc + CHUNK * D, uint16_t(0));
+        transpose_chunk<D / 2>(w.kc.data(), w.kt.data());  // 32-bit words: pairs move together
+        bf16_pair* vp = reinterpret_cast<bf16_pair*>(w.vc.data());
+        const int pairs = (count + 1) / 2;
+        for (int p = 0; p < pairs; p++) interleave_rows<D>(rows[2 * p], rows[2 * p + 1], vp + p * D);
+        const bf16_pair* kt = reinterpret_cast<const bf16_pair*>(w.kt.data());
+        for (int i = 0; i < padded; i += SCORE_TILE)
+            score_tile_bf16<D, SCORE_TILE>(w.qp.data() + size_t(i) * D / 2, kt, scale, w.s.data() + i * CHUNK);
+        softmax_step(w, padded, c0);
+        uint16_t* weights = reinterpret_cast<uint16_t*>(w.wp.data());
+        for (int i = 0; i < padded; i++)
+            for (int c = 0; c < CV; c++) store_bf16(weights + i * CHUNK + c * LANES, load(w.s.data() + i * CHUNK + c * LANES));
+        for (int column = 0; column < D; column += SLICE * LANES)
+            for (int i = 0; i < padded; i += VALUE_TILE)
+                value_tile_bf16<D, VALUE_TILE, SLICE>(w.wp.data() + size_t(i) * CHUNK / 2, vp, pairs, column,
+                                                      w.o.data() + size_t(i) * D);
+    }
+#else
+    static void pair_chunk(Scratch&, const T*, const T*, const int32_t*, int, int64_t, int, int, int, float, int) {}
+#endif
+
     static void task(const Task& t, const float* q, const T* keys, const T* values, const int32_t* table,
                      const int32_t* lengths, int heads, int kv_heads, int block_size, float scale, float* out,
                      float* lse) {
@@ -174,6 +283,10 @@ struct SpanKernel {
         w.top.assign(padded, NO_WEIGHT);
         w.total.assign(padded, 0.f);
         w.visible.assign(padded, 0);
+        if constexpr (PAIRS) {
+            w.qp.assign(size_t(padded) * D / 2, 0u);
+            w.wp.resize(size_t(padded) * CHUNK / 2);
+        }
         int longest = 0;
         for (int r = 0; r < t.rows; r++) {
             int row = t.first + r, length = lengths[row];
@@ -182,12 +295,18 @@ struct SpanKernel {
                 int i = r * group + g;
                 const float* src = q + (int64_t(row) * heads + t.kv_head * group + g) * D;
                 for (int d = 0; d < D; d++) w.q[size_t(i) * D + d] = src[d] * scale;
+                if constexpr (PAIRS)
+                    for (int d = 0; d < D; d++) reinterpret_cast<uint16_t*>(w.qp.data())[size_t(i) * D + d] = bf16(src[d]);
                 w.visible[i] = length;
             }
         }
         const int64_t stride = int64_t(kv_heads) * D;
         for (int c0 = 0; c0 < longest; c0 += CHUNK) {
             int count = std::min(CHUNK, longest - c0);
+            if constexpr (PAIRS) {
+                pair_chunk(w, keys, values, table, block_size, stride, t.kv_head, c0, count, scale, padded);
+                continue;
+            }
             // the chunk's keys transposed and its values packed, both float32, once for all the queries
             float *kc = w.kc.data(), *vc = w.vc.data();
             for (int p = 0; p < count; p++) {
@@ -257,6 +376,9 @@ static void dispatch(int head_dim, const float* q, const void* k, const void* v,
 }
 
 extern "C" {
+
+// 1 where bfloat16 pools go through VDPBF16PS, their softmax weights rounded to bfloat16; else 0.
+int pb_span_bf16_weights() { return BF16_DOT; }
 
 // q [rows, heads, head_dim] float32; k, v [blocks, block_size, kv_heads, head_dim] float32 or bfloat16
 // (bf16 = 1); tables [spans, width], bounds [spans, 2] (span s is rows bounds[s][0] to bounds[s][1], the

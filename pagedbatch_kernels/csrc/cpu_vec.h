@@ -58,6 +58,13 @@ static inline vfloat load(const uint16_t* p) {  // bfloat16: the high half of a 
     return v;
 }
 static inline void store(float* p, vfloat v) { std::memcpy(p, &v, sizeof v); }
+// x as bfloat16, rounded to nearest even (NaN stays NaN)
+static inline uint16_t bf16(float x) {
+    uint32_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t(bits >> 16 | 0x40);
+    return uint16_t((bits + 0x7fffu + (bits >> 16 & 1u)) >> 16);
+}
 
 static inline float sum(vfloat v) {
 #if defined(__AVX512F__)
