@@ -197,7 +197,8 @@ def span_rounds_bf16_weights(lib: ctypes.CDLL | None = None) -> bool:
     """Whether `span_attention` multiplies bfloat16 pools through AVX-512 BF16 dot products: scores as
     exact as in float32, the softmax weights rounded to bfloat16 before the values (as `transformers`
     computes a bfloat16 model's attention), about 1.5x faster."""
-    return bool((lib or library()).pb_span_bf16_weights())
+    lib = lib or library()
+    return lib is not None and bool(lib.pb_span_bf16_weights())
 
 
 @dataclass

@@ -274,7 +274,6 @@ struct SpanKernel {
         const int queries = t.rows * group;
         const int padded = (queries + PAD - 1) / PAD * PAD;
         thread_local Scratch w;
-        w.q.assign(size_t(padded) * D, 0.f);
         w.o.assign(size_t(padded) * D, 0.f);
         w.s.resize(size_t(padded) * CHUNK);
         w.kt.resize(size_t(D) * CHUNK);
@@ -286,6 +285,8 @@ struct SpanKernel {
         if constexpr (PAIRS) {
             w.qp.assign(size_t(padded) * D / 2, 0u);
             w.wp.resize(size_t(padded) * CHUNK / 2);
+        } else {
+            w.q.assign(size_t(padded) * D, 0.f);
         }
         int longest = 0;
         for (int r = 0; r < t.rows; r++) {
@@ -294,9 +295,10 @@ struct SpanKernel {
             for (int g = 0; g < group; g++) {
                 int i = r * group + g;
                 const float* src = q + (int64_t(row) * heads + t.kv_head * group + g) * D;
-                for (int d = 0; d < D; d++) w.q[size_t(i) * D + d] = src[d] * scale;
-                if constexpr (PAIRS)
+                if constexpr (PAIRS)  // unscaled: the scale multiplies the scores
                     for (int d = 0; d < D; d++) reinterpret_cast<uint16_t*>(w.qp.data())[size_t(i) * D + d] = bf16(src[d]);
+                else
+                    for (int d = 0; d < D; d++) w.q[size_t(i) * D + d] = src[d] * scale;
                 w.visible[i] = length;
             }
         }
