@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 
 import torch
@@ -37,12 +38,13 @@ class Compiled:
     constant, and a call that changes one compiles again (dynamo then makes it symbolic too).
     Calls whose first argument has fewer than `eager_below` elements run `small` (`fn` eagerly by
     default): a compiled call costs ~25-70 us of dynamo's bookkeeping, more than a decode step's few
-    rows are worth."""
+    rows are worth. `eager_below` may map dtypes to their own bounds (None: any other dtype's); an
+    infinite one means `small` always, never compiled, not even by `compiling_everything`."""
 
     force = False  # set by `compiling_everything`
 
-    def __init__(self, fn, fallback=None, eager_below: int = 0, varying: dict[int, tuple[int, ...]] | None = None,
-                 small=None):
+    def __init__(self, fn, fallback=None, eager_below: float | dict[torch.dtype | None, float] = 0,
+                 varying: dict[int, tuple[int, ...]] | None = None, small=None):
         self.fn = fn
         self.fallback = fallback or fn
         self.eager_below = eager_below
@@ -51,10 +53,16 @@ class Compiled:
         self.compiled = None
         self.failed = False
 
+    def _eager_below(self, dtype: torch.dtype) -> float:
+        if isinstance(self.eager_below, dict):
+            return self.eager_below.get(dtype, self.eager_below.get(None, 0))
+        return self.eager_below
+
     def __call__(self, *args):
         if self.failed:
             return self.fallback(*args)
-        if args[0].numel() < self.eager_below and not Compiled.force:
+        bound = self._eager_below(args[0].dtype)
+        if args[0].numel() < bound and (bound == math.inf or not Compiled.force):
             return self.small(*args)
         if self.compiled is None:
             _configure_dynamo()
@@ -85,11 +93,15 @@ def compiling_everything():
         Compiled.force = before
 
 
-# Below where eager ran faster than compiled here (elements of the first argument, float32 and
-# bfloat16), the native kernels (`cpu_pointwise`), faster still
-rms_norm = Compiled(reference.rms_norm, eager_below=64 * 1024, small=cpu_pointwise.rms_norm)
-fused_add_rms_norm = Compiled(reference.fused_add_rms_norm, eager_below=64 * 1024, varying=first_dims(0, 1),
-                              small=cpu_pointwise.fused_add_rms_norm)
-apply_rotary = Compiled(reference.apply_rotary, eager_below=8 * 1024, varying=first_dims(0, 1, 2),
-                        small=cpu_pointwise.apply_rotary)
-silu_and_mul = Compiled(reference.silu_and_mul, eager_below=512 * 1024)
+# Below where the native kernels (`cpu_pointwise`) ran faster than inductor's on a 2-core AMD EPYC
+# (AVX2): float32 norms, rotary and SiLU at every size (1.2-3x at 256..8192 rows of the vs_vllm model,
+# where torch's threads share the rows); bfloat16 norms up to ~170 rows of 384 (past that, the
+# native rounding to bfloat16 is slower than inductor's loops); bfloat16 SiLU stays with torch.
+NATIVE_ALWAYS = math.inf
+rms_norm = Compiled(reference.rms_norm, eager_below={torch.float32: NATIVE_ALWAYS, None: 64 * 1024},
+                    small=cpu_pointwise.rms_norm)
+fused_add_rms_norm = Compiled(reference.fused_add_rms_norm, eager_below={torch.float32: NATIVE_ALWAYS, None: 64 * 1024},
+                              varying=first_dims(0, 1), small=cpu_pointwise.fused_add_rms_norm)
+apply_rotary = Compiled(reference.apply_rotary, eager_below=NATIVE_ALWAYS, small=cpu_pointwise.apply_rotary)
+silu_and_mul = Compiled(reference.silu_and_mul, eager_below={torch.float32: NATIVE_ALWAYS, None: 512 * 1024},
+                        small=cpu_pointwise.silu_and_mul)

@@ -105,6 +105,8 @@ def bind(path: Path) -> ctypes.CDLL:
     lib.pb_rms_norm.restype = None
     lib.pb_rotary.argtypes = [p, i64, p, p, i64, i, i, i, p, i]
     lib.pb_rotary.restype = ctypes.c_int
+    lib.pb_silu_and_mul.argtypes = [p, i, i, p]
+    lib.pb_silu_and_mul.restype = None
     lib.pb_write_kv.argtypes = [p, i64, p, i64, p, p, p, i, i64, i, i]
     lib.pb_write_kv.restype = ctypes.c_int
     return lib

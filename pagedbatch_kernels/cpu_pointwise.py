@@ -1,11 +1,12 @@
-"""The CPU engine's per-token kernels for the few rows of a decode step, through the native library
-(`csrc/cpu_pointwise.cpp`): each of `pagedbatch_kernels.reference`'s RMSNorm, rotary and KV-cache write as one
-C++ pass. torch ran them as a handful of ops at ~10 us of dispatch each (100-250 us a call for ~1 us
-of arithmetic; compiled, dynamo's guards cost as much): with SiLU-and-multiply, ~19% of the mixed
-workload's float32 run on a 2-core AMD EPYC, 10% less run time through these. Same contracts and arithmetic as the
-reference (float32 inside, each product and sum rounded as torch's); tensors the kernels do not take
-(other dtypes or devices, other layouts, no native library) go to the reference. (SiLU stayed with
-torch: its exp over a step's [rows, intermediate] was no faster in one thread than torch's in two.)"""
+"""The CPU engine's per-token kernels through the native library (`csrc/cpu_pointwise.cpp`): each of
+`pagedbatch_kernels.reference`'s RMSNorm, rotary, SiLU-and-multiply (float32) and KV-cache write as one
+C++ pass, the rows shared among torch's OpenMP threads where there are enough of them. torch ran
+them as a handful of ops at ~10 us of dispatch each (100-250 us a call for ~1 us of a decode step's
+arithmetic; compiled, dynamo's guards cost as much): ~19% of the mixed workload's float32 run on a
+2-core AMD EPYC, 10% less run time through these. `compiled` says, per dtype, up to which size each
+goes here rather than to inductor. Same contracts and arithmetic as the reference (float32 inside,
+each product and sum rounded as torch's; SiLU's exp within ~1 ulp of torch's); tensors the kernels
+do not take (other dtypes or devices, other layouts, no native library) go to the reference."""
 
 from __future__ import annotations
 
@@ -47,6 +48,17 @@ def fused_add_rms_norm(x, residual, weight, eps):
     lib.pb_rms_norm(x.data_ptr(), residual.data_ptr(), weight.contiguous().data_ptr(), out.data_ptr(),
                     total.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], float(eps), _bf16(x))
     return out, total
+
+
+def silu_and_mul(x):
+    """float32 only: the native bfloat16 one ran slower than torch's."""
+    lib = _library(x)
+    if lib is None or x.dtype != torch.float32 or not x.is_contiguous() or x.shape[-1] % 2:
+        return reference.silu_and_mul(x)
+    size = x.shape[-1] // 2
+    out = torch.empty((*x.shape[:-1], size), dtype=x.dtype)
+    lib.pb_silu_and_mul(x.data_ptr(), x.numel() // x.shape[-1], size, out.data_ptr())
+    return out
 
 
 def _heads_contiguous(x: torch.Tensor) -> bool:

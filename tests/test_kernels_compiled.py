@@ -63,6 +63,22 @@ def test_small_calls_run_eagerly_and_large_ones_compiled(monkeypatch):
     assert not compiled.Compiled.force
 
 
+def test_bounds_per_dtype_and_an_infinite_one_never_compiles(monkeypatch):
+    compiles, smalls = [], []
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiles.append(fn) or real_compile(fn, **kw))
+    kernel = compiled.Compiled(reference.silu_and_mul, eager_below={torch.float32: compiled.NATIVE_ALWAYS, None: 1000},
+                               small=lambda x: smalls.append(x.dtype) or reference.silu_and_mul(x))
+    large32, large16 = torch.randn(40, 64), torch.randn(40, 64).bfloat16()
+    with compiled.compiling_everything():  # not even the warm-up compiles an infinite bound's calls
+        assert torch.equal(kernel(large32), reference.silu_and_mul(large32))
+    assert compiles == [] and smalls == [torch.float32]
+    torch.testing.assert_close(kernel(large16), reference.silu_and_mul(large16))
+    assert compiles == [reference.silu_and_mul] and smalls == [torch.float32]  # bfloat16: the default bound
+    kernel(torch.randn(3, 64).bfloat16())
+    assert smalls == [torch.float32, torch.bfloat16]
+
+
 def _check_pointwise_kernels(rows, dtype):
     gen = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, 96, generator=gen).to(dtype)

@@ -1,13 +1,16 @@
-// The CPU engine's small per-token kernels, for the few rows of a decode step: RMSNorm (with the
-// residual add), neox rotary embedding and the KV-cache write. torch runs each as
-// several ops of ~10 us of dispatch apiece, ~100-250 us a call where the arithmetic is ~1 us; compiled,
-// dynamo's guards cost as much. These are the same arithmetic in one pass, float32 inside as the
-// reference kernels (pagedbatch_kernels/reference.py) compute it, for float32 and bfloat16 tensors.
+// The CPU engine's per-token kernels: RMSNorm (with the residual add), neox rotary embedding,
+// SiLU-and-multiply and the KV-cache write. torch runs each as several ops of ~10 us of dispatch apiece,
+// ~100-250 us a call where a decode step's arithmetic is ~1 us; compiled, dynamo's guards cost as
+// much. These are the same arithmetic in one pass, float32 inside as the reference kernels
+// (pagedbatch_kernels/reference.py) compute it, for float32 and bfloat16 tensors; rows are shared
+// among torch's OpenMP threads where a call has enough of them to pay for waking the threads.
 
 // Products and sums rounded one by one, as torch's element-wise ops round them: no fused multiply-adds.
 #pragma GCC optimize("fp-contract=off")
 
 #include "cpu_vec.h"
+
+constexpr int64_t PARALLEL_ELEMENTS = 32 * 1024;  // below this, one thread: waking the others costs more
 
 static inline float widen(float x) { return x; }
 static inline float widen(uint16_t x) {
@@ -28,21 +31,35 @@ static inline void narrow(float x, uint16_t* out) {  // round to nearest even, a
     *out = uint16_t(bits >> 16);
 }
 
-// Vectors rounded to T: bfloat16 to nearest even (NaN kept a NaN), as torch's float -> bfloat16.
-static inline void put(float* out, vfloat v) { store(out, v); }
-static inline void put(uint16_t* out, vfloat v) {
+// v rounded to bfloat16 (to nearest even, a NaN kept a NaN) as torch's float -> bfloat16, still float32.
+static inline vfloat round_bf16(vfloat v) {
     vuint bits;
     std::memcpy(&bits, &v, sizeof bits);
-    vuint rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    rounded = (bits & 0x7fffffffu) > 0x7f800000u ? (bits >> 16) | 0x40u : rounded;
-    vhalf h = __builtin_convertvector(rounded, vhalf);
-    std::memcpy(out, &h, sizeof h);
+    vuint rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+    rounded = (bits & 0x7fffffffu) > 0x7f800000u ? (bits | 0x400000u) & 0xffff0000u : rounded;
+    vfloat out;
+    std::memcpy(&out, &rounded, sizeof out);
+    return out;
 }
 static inline vfloat round_to(vfloat v, const float*) { return v; }
-static inline vfloat round_to(vfloat v, const uint16_t*) {  // to bfloat16 and back
-    uint16_t h[LANES];
-    put(h, v);
-    return load(h);
+static inline vfloat round_to(vfloat v, const uint16_t*) { return round_bf16(v); }
+
+// Vectors stored as T: bfloat16 rounded as round_bf16.
+static inline void put(float* out, vfloat v) { store(out, v); }
+static inline void put(uint16_t* out, vfloat v) {
+    vfloat rounded = round_bf16(v);
+    vuint bits;
+    std::memcpy(&bits, &rounded, sizeof bits);
+    bits >>= 16;
+#if defined(__AVX512F__)
+    _mm256_storeu_si256((__m256i*)out, _mm512_cvtepi32_epi16((__m512i)bits));
+#elif defined(__AVX2__)
+    __m256i x = (__m256i)bits;  // each lane below 2^16: the unsigned saturating pack keeps it
+    _mm_storeu_si128((__m128i*)out, _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1)));
+#else
+    vhalf h = __builtin_convertvector(bits, vhalf);
+    std::memcpy(out, &h, sizeof h);
+#endif
 }
 
 // out = rms_norm(x (+ residual)) * weight; with a residual, sum_out = x + residual (rounded to T first,
@@ -50,8 +67,10 @@ static inline vfloat round_to(vfloat v, const uint16_t*) {  // to bfloat16 and b
 template <typename T>
 static void rms_norm(const T* x, const T* residual, const T* weight, T* out, T* sum_out, int rows, int size,
                      float eps) {
-    std::vector<float> row(size);
+#pragma omp parallel for schedule(static) if (int64_t(rows) * size >= PARALLEL_ELEMENTS)
     for (int r = 0; r < rows; r++) {
+        thread_local std::vector<float> row;
+        row.resize(size);
         const int64_t at = int64_t(r) * size;
         int i = 0;
         vfloat lanes = {};
@@ -88,6 +107,7 @@ template <typename T>
 static void rotary(const T* x, int64_t x_stride, const int64_t* positions, const float* cos_sin, int tokens,
                    int heads, int head_dim, T* out) {
     const int half = head_dim / 2;
+#pragma omp parallel for schedule(static) if (int64_t(tokens) * heads * head_dim >= PARALLEL_ELEMENTS)
     for (int t = 0; t < tokens; t++) {
         const float* cos = cos_sin + positions[t] * head_dim;
         const float* sin = cos + half;
@@ -109,6 +129,45 @@ static void rotary(const T* x, int64_t x_stride, const int64_t* positions, const
     }
 }
 
+// exp(x) for any float x within ~1 ulp: x = n ln 2 + y with n an integer (ln 2 in two parts, so that
+// n ln 2 is exact) and |y| <= ln 2 / 2, e^y by a degree-6 polynomial, times 2^n; 0 below -87, inf above
+// 88.7.
+static inline vfloat exp_any(vfloat x) {
+    const vfloat big = splat(12582912.f);  // 1.5 * 2^23: adding and subtracting it rounds to an integer
+    vfloat c = x < -87.f ? splat(-87.f) : (x > 88.f ? splat(88.f) : x);
+    vfloat n = (c * 1.44269504f + big) - big;
+    vfloat y = (c - n * 0.693359375f) - n * -2.12194440e-4f;
+    vfloat p = splat(1.f / 720);
+    p = p * y + 1.f / 120;
+    p = p * y + 1.f / 24;
+    p = p * y + 1.f / 6;
+    p = p * y + 0.5f;
+    p = p * y + 1.f;
+    p = p * y + 1.f;
+    vint bits = (__builtin_convertvector(n, vint) + 127) << 23;
+    vfloat scale;
+    std::memcpy(&scale, &bits, sizeof scale);
+    vfloat e = x < -87.f ? vfloat{} : p * scale;
+    return x > 88.7f ? splat(INFINITY) : e;
+}
+
+// out[r] = silu(x[r][:size]) * x[r][size:] for rows of 2 * size, float32 (a bfloat16 one ran slower
+// than torch's).
+static void silu_and_mul(const float* x, int rows, int size, float* out) {
+#pragma omp parallel for schedule(static) if (int64_t(rows) * size >= PARALLEL_ELEMENTS)
+    for (int r = 0; r < rows; r++) {
+        const float* gate = x + int64_t(r) * 2 * size;
+        const float* up = gate + size;
+        float* o = out + int64_t(r) * size;
+        int i = 0;
+        for (; i + LANES <= size; i += LANES) {
+            vfloat g = load(gate + i);
+            store(o + i, g / (1.f + exp_any(-g)) * load(up + i));
+        }
+        for (; i < size; i++) o[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+    }
+}
+
 extern "C" {
 
 // dtype: 0 float32, 1 bfloat16; every tensor contiguous unless a stride says otherwise.
@@ -121,6 +180,8 @@ void pb_rms_norm(const void* x, const void* residual, const void* weight, void* 
         rms_norm((const float*)x, (const float*)residual, (const float*)weight, (float*)out, (float*)sum_out, rows,
                  size, eps);
 }
+
+void pb_silu_and_mul(const float* x, int rows, int size, float* out) { silu_and_mul(x, rows, size, out); }
 
 // Returns -2 (and writes nothing) where a position is past the cos_sin table's max_positions rows.
 int pb_rotary(const void* x, int64_t x_stride, const int64_t* positions, const float* cos_sin, int64_t max_positions,
