@@ -181,7 +181,8 @@ class DecodeCall:
         if self.prefixes:
             prefix_out, prefix_lse = grouped_prefix_attention(q, k_cache, v_cache, self.prefixes, scale,
                                                               self._prefix_plan(q, k_cache))
-            result = _merge(prefix_out, prefix_lse, result, lse)
+            merged = cpu_native.merge_partial(prefix_out, prefix_lse, result, lse)
+            result = merged[0] if merged is not None else _merge(prefix_out, prefix_lse, result, lse)
         result = result[: self.count].to(out.dtype)
         if self.tokens is None:
             out.copy_(result)

@@ -9,6 +9,8 @@ use, for this CPU (-march=native), cached on disk, called through ctypes.
   decodes sharing a prefix), as small register-tiled matrix products with an online softmax; for
   bfloat16 pools through AVX-512 BF16 dot products where the CPU has them
   (`span_rounds_bf16_weights`).
+- `merge_partial` (`cpu_decode.cpp`): a shared prefix's attention and the tail's into the whole's, in
+  place (torch's merge was ~2 ms of a 256-decode step, mostly dispatch).
 
 It runs in torch's own OpenMP thread pool (the library links libgomp by soname, which torch has
 already loaded), so it adds no threads of its own. PAGEDBATCH_CPU_NATIVE=off keeps the inductor
@@ -105,6 +107,8 @@ def bind(path: Path) -> ctypes.CDLL:
     lib.pb_rms_norm.restype = None
     lib.pb_rotary.argtypes = [p, i64, p, p, i64, i, i, i, p, i]
     lib.pb_rotary.restype = ctypes.c_int
+    lib.pb_merge_partial.argtypes = [p, p, p, p, i64, i]
+    lib.pb_merge_partial.restype = None
     lib.pb_silu_and_mul.argtypes = [p, i, i, p]
     lib.pb_silu_and_mul.restype = None
     lib.pb_write_kv.argtypes = [p, i64, p, i64, p, p, p, i, i64, i, i]
@@ -193,6 +197,21 @@ def span_attention(query, k_cache, v_cache, tables, bounds, lengths, scale, lib:
     if status != 0:
         raise IndexError("a span past the rows, a context past its block table or a block past the pool")
     return out, lse
+
+
+def merge_partial(out_a, lse_a, out_b, lse_b, lib: ctypes.CDLL | None = None):
+    """`cpu_attention.merge_partial` (outputs [R, H, D] and log-sum-exps [R, H] of two disjoint parts of
+    each context: the whole's), for float32 contiguous CPU tensors, in place into out_a and lse_a,
+    which it returns; None where it does not take them (the caller merges with torch)."""
+    lib = lib or library()
+    tensors = (out_a, lse_a, out_b, lse_b)
+    if (lib is None or any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous()
+                           for t in tensors) or out_b.shape != out_a.shape or lse_a.shape != out_a.shape[:-1]
+            or lse_b.shape != lse_a.shape):
+        return None
+    lib.pb_merge_partial(out_a.data_ptr(), lse_a.data_ptr(), out_b.data_ptr(), lse_b.data_ptr(), lse_a.numel(),
+                         out_a.shape[-1])
+    return out_a, lse_a
 
 
 def span_rounds_bf16_weights(lib: ctypes.CDLL | None = None) -> bool:

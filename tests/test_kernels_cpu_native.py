@@ -105,6 +105,21 @@ def test_an_empty_row_gives_zeros_and_no_weight():
     assert torch.equal(merged[0], torch.ones_like(out[0]))  # the empty part weighs nothing in a merge
 
 
+@pytest.mark.parametrize("rows,heads,head_dim", [(5, 6, 64), (300, 8, 128), (3, 2, 80), (2, 4, 20)])
+def test_the_native_merge_equals_torchs(rows, heads, head_dim):
+    gen = torch.Generator().manual_seed(rows)
+    out_a, out_b = torch.randn(rows, heads, head_dim, generator=gen), torch.randn(rows, heads, head_dim, generator=gen)
+    lse_a, lse_b = torch.randn(rows, heads, generator=gen) * 5, torch.randn(rows, heads, generator=gen) * 5
+    lse_a[0, 0] = -torch.inf  # an empty part weighs nothing
+    want_out = cpu_attention.merge_partial(out_a, lse_a, out_b, lse_b)
+    want_lse = torch.logaddexp(lse_a, lse_b)
+    got_out, got_lse = cpu_native.merge_partial(out_a.clone(), lse_a.clone(), out_b, lse_b)
+    torch.testing.assert_close(got_out, want_out, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(got_lse, want_lse, atol=1e-6, rtol=1e-6)
+    assert torch.equal(got_out[0, 0], out_b[0, 0])
+    assert cpu_native.merge_partial(out_a.double(), lse_a, out_b, lse_b) is None  # not float32: torch merges
+
+
 def test_a_context_past_its_table_or_the_pool_is_refused_not_read():
     call = random_call(6, 2, 64, 16, torch.float32, [20, 30], seed=1)
     too_long = {**call, "seq_lens": torch.tensor([20, 30 + 16 * 3], dtype=torch.int32)}

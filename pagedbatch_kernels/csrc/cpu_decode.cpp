@@ -163,7 +163,30 @@ static int dispatch(int head_dim, const float* q, const void* k, const void* v, 
     }
 }
 
+// Attention over two disjoint parts of a context from each part's output and log-sum-exp, as
+// cpu_attention.merge_partial computes it with torch (logaddexp, then each part weighted by exp(its lse
+// - the total's)): out_a and out_b [heads, head_dim], lse_a and lse_b [heads] float32, in place into a.
+static void merge_partial(float* out_a, float* lse_a, const float* out_b, const float* lse_b, int64_t heads,
+                          int head_dim) {
+#pragma omp parallel for schedule(static) if (heads * head_dim >= 32 * 1024)
+    for (int64_t h = 0; h < heads; h++) {
+        const float a = lse_a[h], b = lse_b[h], top = std::max(a, b);
+        const float lse = std::isinf(top) && top < 0 ? top : top + std::log1p(std::exp(-std::fabs(a - b)));
+        const vfloat wa = splat(std::exp(a - lse)), wb = splat(std::exp(b - lse));
+        float* o = out_a + h * head_dim;
+        const float* x = out_b + h * head_dim;
+        int d = 0;
+        for (; d + LANES <= head_dim; d += LANES) store(o + d, load(o + d) * wa + load(x + d) * wb);
+        for (; d < head_dim; d++) o[d] = o[d] * wa[0] + x[d] * wb[0];
+        lse_a[h] = lse;
+    }
+}
+
 extern "C" {
+
+void pb_merge_partial(float* out_a, float* lse_a, const float* out_b, const float* lse_b, int64_t heads, int head_dim) {
+    merge_partial(out_a, lse_a, out_b, lse_b, heads, head_dim);
+}
 
 // Head sizes the kernels take, for the caller to check before a call.
 int pb_supports_head_dim(int head_dim) { return head_dim_supported(head_dim); }
