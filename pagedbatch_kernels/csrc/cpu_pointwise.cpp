@@ -133,21 +133,10 @@ static void rotary(const T* x, int64_t x_stride, const int64_t* positions, const
 // n ln 2 is exact) and |y| <= ln 2 / 2, e^y by a degree-6 polynomial, times 2^n; 0 below -87, inf above
 // 88.7.
 static inline vfloat exp_any(vfloat x) {
-    const vfloat big = splat(12582912.f);  // 1.5 * 2^23: adding and subtracting it rounds to an integer
     vfloat c = x < -87.f ? splat(-87.f) : (x > 88.f ? splat(88.f) : x);
-    vfloat n = (c * 1.44269504f + big) - big;
-    vfloat y = (c - n * 0.693359375f) - n * -2.12194440e-4f;
-    vfloat p = splat(1.f / 720);
-    p = p * y + 1.f / 120;
-    p = p * y + 1.f / 24;
-    p = p * y + 1.f / 6;
-    p = p * y + 0.5f;
-    p = p * y + 1.f;
-    p = p * y + 1.f;
-    vint bits = (__builtin_convertvector(n, vint) + 127) << 23;
-    vfloat scale;
-    std::memcpy(&scale, &bits, sizeof scale);
-    vfloat e = x < -87.f ? vfloat{} : p * scale;
+    vfloat n = (c * 1.44269504f + ROUNDS) - ROUNDS;
+    vfloat e = exp_parts(n, (c - n * 0.693359375f) - n * -2.12194440e-4f);
+    e = x < -87.f ? vfloat{} : e;
     return x > 88.7f ? splat(INFINITY) : e;
 }
 

@@ -94,12 +94,8 @@ static inline float max(vfloat v) {
 #endif
 }
 
-// exp(x) for x <= 0: 2^round(x log2 e) times a degree-6 polynomial of the rest (under 2 ulp); 0 below -87.
-static inline vfloat exp_nonpositive(vfloat x) {
-    const vfloat big = splat(12582912.f);  // 1.5 * 2^23: adding and subtracting it rounds to an integer
-    vfloat t = (x < -87.f ? splat(-87.f) : x) * 1.44269504f;
-    vfloat n = (t + big) - big;
-    vfloat y = (t - n) * 0.693147181f;
+// p(y) 2^n: e^y for |y| <= ln 2 / 2 by a degree-6 polynomial, times 2^n (n integer-valued, -126..127).
+static inline vfloat exp_parts(vfloat n, vfloat y) {
     vfloat p = splat(1.f / 720);
     p = p * y + 1.f / 120;
     p = p * y + 1.f / 24;
@@ -110,7 +106,16 @@ static inline vfloat exp_nonpositive(vfloat x) {
     vint bits = (__builtin_convertvector(n, vint) + 127) << 23;
     vfloat scale;
     std::memcpy(&scale, &bits, sizeof scale);
-    return x < -87.f ? vfloat{} : p * scale;
+    return p * scale;
+}
+
+constexpr float ROUNDS = 12582912.f;  // 1.5 * 2^23: adding and subtracting it rounds a float to an integer
+
+// exp(x) for x <= 0: 2^round(x log2 e) times a degree-6 polynomial of the rest (under 2 ulp); 0 below -87.
+static inline vfloat exp_nonpositive(vfloat x) {
+    vfloat t = (x < -87.f ? splat(-87.f) : x) * 1.44269504f;
+    vfloat n = (t + ROUNDS) - ROUNDS;
+    return x < -87.f ? vfloat{} : exp_parts(n, (t - n) * 0.693147181f);
 }
 
 struct Row {
