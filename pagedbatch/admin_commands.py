@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
+
+from pagedbatch.arguments import masked
+from pagedbatch.failures import CliError, one_line, usage_error
 
 
 def _settings(args):
@@ -14,8 +18,26 @@ def _settings(args):
     if args.database_url:
         settings.database_url = args.database_url
     if not settings.database_url:
-        raise SystemExit("pagedbatch: set PAGEDBATCH_DATABASE_URL or give --database-url")
+        raise usage_error("set PAGEDBATCH_DATABASE_URL or give --database-url")
     return settings
+
+
+def _on_database(func):
+    """A command that talks to the database: a connection that fails is one line, exit status 1."""
+
+    @functools.wraps(func)
+    def run(args) -> int:
+        from sqlalchemy.exc import ArgumentError, OperationalError
+
+        try:
+            return func(args)
+        except ArgumentError as exc:
+            raise usage_error(f"not a database URL: {one_line(exc)}") from exc
+        except OperationalError as exc:
+            url = masked(_settings(args).database_url)
+            raise CliError(f"cannot reach the database at {url}: {one_line(exc.orig or exc)}") from exc
+
+    return run
 
 
 def _when(value) -> str:
@@ -77,8 +99,7 @@ def _keys_revoke(args) -> int:
     try:
         info = revoke_key(_settings(args), args.key_id)
     except KeyError:
-        print(f"pagedbatch: no key {args.key_id}", file=sys.stderr)
-        return 1
+        raise usage_error(f"no key {args.key_id} ('pagedbatch keys list' shows them)") from None
     print(f"revoked {info.id} (tenant {info.tenant!r}, {info.prefix}...)", file=sys.stderr)
     return 0
 
@@ -128,14 +149,14 @@ def add_commands(commands) -> None:
     create = _admin_parser(keys, "create", "create a key for a tenant; prints the key, once")
     create.add_argument("--tenant", default=None, help="default: the tenant named default")
     create.add_argument("--name", default=None, help="a label to tell keys apart")
-    create.set_defaults(func=_keys_create)
+    create.set_defaults(func=_on_database(_keys_create))
     listing = _admin_parser(keys, "list", "list keys (id, tenant, prefix, created, revoked; never the key)")
     listing.add_argument("--tenant", default=None)
     listing.add_argument("--json", action="store_true")
-    listing.set_defaults(func=_keys_list)
+    listing.set_defaults(func=_on_database(_keys_list))
     revoke = _admin_parser(keys, "revoke", "revoke a key by its id")
     revoke.add_argument("key_id")
-    revoke.set_defaults(func=_keys_revoke)
+    revoke.set_defaults(func=_on_database(_keys_revoke))
 
     tenants = commands.add_parser("tenants", help="tenants' limits and fair-share weights")
     tenants = tenants.add_subparsers(dest="tenants_command", required=True)
@@ -147,5 +168,6 @@ def add_commands(commands) -> None:
     limits.add_argument("--max-file-bytes", type=int, default=None, help="bytes of uploaded files kept at once")
     limits.add_argument("--weight", type=_weight, default=None,
                         help="its share of a worker's engine beside other tenants' (default 1; omitted: unchanged)")
-    limits.set_defaults(func=_tenants_set)
-    _admin_parser(tenants, "list", "list tenants, their limits and weights").set_defaults(func=_tenants_list)
+    limits.set_defaults(func=_on_database(_tenants_set))
+    listing = _admin_parser(tenants, "list", "list tenants, their limits and weights")
+    listing.set_defaults(func=_on_database(_tenants_list))

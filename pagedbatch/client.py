@@ -20,20 +20,35 @@ class ApiError(RuntimeError):
         except (ValueError, KeyError, TypeError):
             message = body[:500]
         super().__init__(f"HTTP {status}: {message}")
-        self.status = status
+        self.status, self.message = status, message
+
+
+class Unreachable(ConnectionError):
+    """No answer from the API: nothing listens there, the name does not resolve, or it timed out."""
+
+    def __init__(self, base_url: str, reason: object):
+        super().__init__(f"cannot reach the API at {base_url}: {reason}")
+        self.base_url, self.reason = base_url, reason
 
 
 class _ProgressReader:
-    """A file wrapper that advances a tqdm bar as it is read."""
+    """A file wrapper that advances a tqdm bar as it is read (the bar starts with the first read, so that
+    a server that cannot be reached shows none)."""
 
-    def __init__(self, f, bar):
-        self.f, self.bar = f, bar
+    def __init__(self, f, enabled: bool, total: int):
+        self.f, self.enabled, self.total, self.bar = f, enabled, total, None
 
     def read(self, size=-1):
         data = self.f.read(size)
+        if self.enabled and self.bar is None:
+            self.bar = _bar(True, self.total, "upload", "B")
         if self.bar is not None:
             self.bar.update(len(data))
         return data
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 class Client:
@@ -54,6 +69,10 @@ class Client:
             return urllib.request.urlopen(request, timeout=self.timeout)
         except urllib.error.HTTPError as exc:
             raise ApiError(exc.code, exc.read().decode(errors="replace")) from None
+        except urllib.error.URLError as exc:
+            raise Unreachable(self.base_url, getattr(exc.reason, "strerror", None) or exc.reason) from None
+        except (ConnectionError, TimeoutError) as exc:
+            raise Unreachable(self.base_url, exc.strerror or exc) from None
 
     def _json(self, method: str, path: str, **kwargs) -> dict:
         with self._open(method, path, **kwargs) as response:
@@ -67,25 +86,40 @@ class Client:
             "defaults": json.dumps(defaults) if defaults else None,
             "metadata": json.dumps(metadata) if metadata else None,
         }
-        bar = _bar(progress, size, "upload", "B")
         with open(path, "rb") as f:
+            reader = _ProgressReader(f, progress, size)
             try:
                 return self._json(
                     "POST",
                     "/v1/jobs",
-                    data=_ProgressReader(f, bar),
+                    data=reader,
                     params=params,
                     headers={"Content-Type": "application/x-ndjson", "Content-Length": str(size)},
                 )
             finally:
-                if bar is not None:
-                    bar.close()
+                reader.close()
 
     def job(self, job_id: str) -> dict:
         return self._json("GET", f"/v1/jobs/{job_id}")
 
     def cancel(self, job_id: str) -> dict:
         return self._json("POST", f"/v1/jobs/{job_id}/cancel")
+
+    def jobs(self, *, limit: int = 20, status: str | None = None, after: str | None = None) -> dict:
+        """A page of the tenant's jobs, newest first (the API's list object)."""
+        return self._json("GET", "/v1/jobs", params={"limit": limit, "status": status, "after": after})
+
+    def error_lines(self, job_id: str):
+        """The job's OpenAI-style error lines, as parsed JSON objects, streamed (the request is made now)."""
+        response = self._open("GET", f"/v1/jobs/{job_id}/errors")
+
+        def lines():
+            with response:
+                for line in response:
+                    if line.strip():
+                        yield json.loads(line)
+
+        return lines()
 
     def wait(self, job_id: str, *, timeout: float | None = None, poll_s: float = 0.5, progress: bool = False):
         deadline = None if timeout is None else time.monotonic() + timeout

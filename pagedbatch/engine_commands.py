@@ -2,41 +2,84 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import sys
 
+from pagedbatch.arguments import json_object, model_directory, readable_file, writable_output
 from pagedbatch.engine_options import add_engine_options, engine_kwargs
+from pagedbatch.failures import (
+    EXIT_LINES_FAILED,
+    EXIT_OK,
+    EXIT_STATUS_HELP,
+    usage_error,
+)
+
+
+def _dimensions(text: str) -> list[int]:
+    try:
+        dims = [int(d) for d in text.split(",")]
+    except ValueError:
+        dims = []
+    if not dims or min(dims) < 1:
+        raise argparse.ArgumentTypeError(f"expected sizes such as 16,32,64, got {text!r}")
+    return dims
 
 
 def _tiny_model(args) -> int:
-    if args.embedding:
-        from engine.tiny_embedding import write_tiny_embedding_model
+    try:
+        if args.embedding:
+            from engine.tiny_embedding import write_tiny_embedding_model
 
-        dims = [int(d) for d in args.matryoshka.split(",")] if args.matryoshka else None
-        print(write_tiny_embedding_model(args.path, arch=args.arch, pooling=args.pooling, seed=args.seed,
-                                         normalize=not args.no_normalize, matryoshka_dimensions=dims))
-        return 0
-    from engine.tiny import write_tiny_model
+            path = write_tiny_embedding_model(args.path, arch=args.arch, pooling=args.pooling, seed=args.seed,
+                                              normalize=not args.no_normalize, matryoshka_dimensions=args.matryoshka)
+        else:
+            from engine.tiny import write_tiny_model
 
-    print(write_tiny_model(args.path, arch=args.arch, seed=args.seed))
-    return 0
+            path = write_tiny_model(args.path, arch=args.arch, seed=args.seed)
+    except OSError as exc:
+        raise usage_error(f"cannot write the model to {args.path}: {exc.strerror or exc}") from exc
+    print(path)
+    return EXIT_OK
 
 
 def _run(args) -> int:
-    from workers.offline import run_offline
+    readable_file(args.input)
+    model_dir = model_directory(args.model)
+    writable_output(args.output)
+    from workers.offline import NoRequests, check_has_requests, run_offline
 
+    try:  # before the model loads: a file with no request line is an input error
+        check_has_requests(args.input, model_dir, defaults=args.defaults, model_name=args.model_name)
+    except NoRequests as exc:
+        raise usage_error(str(exc)) from exc
+    except (OSError, ValueError) as exc:  # the tokenizer or config cannot be read
+        raise usage_error(f"--model {args.model}: cannot read its tokenizer or config: {exc}") from exc
+    from engine import LLM
+
+    try:
+        llm = LLM(model=str(model_dir), **engine_kwargs(args))
+    except ValueError as exc:  # an unsupported architecture, a bad option for this model or machine
+        raise usage_error(f"cannot load the model in {args.model}: {exc}") from exc
     summary = run_offline(
         args.input,
         args.output,
-        args.model,
+        model_dir,
         progress=not args.quiet,
-        engine_kwargs=engine_kwargs(args),
-        defaults=json.loads(args.defaults) if args.defaults else None,
+        defaults=args.defaults,
         model_name=args.model_name,
+        llm=llm,
     )
-    print(json.dumps(dataclasses.asdict(summary)), file=sys.stderr)
-    return 0
+    if args.json:
+        print(json.dumps(dataclasses.asdict(summary)))
+    print(
+        f"pagedbatch: {summary.total} lines: {summary.completed} completed, {summary.failed} failed, "
+        f"{summary.cancelled} cancelled, {summary.completion_tokens} tokens generated in "
+        f"{summary.elapsed_s:.1f} s; results in {summary.output_path}",
+        file=sys.stderr,
+    )
+    return EXIT_LINES_FAILED if args.strict and summary.failed + summary.cancelled else EXIT_OK
 
 
 def add_commands(commands) -> None:
@@ -48,15 +91,20 @@ def add_commands(commands) -> None:
                       help="a sentence-transformers embedding model (no LM head) instead of a causal LM")
     tiny.add_argument("--pooling", default="last", choices=["last", "mean", "cls"], help="with --embedding")
     tiny.add_argument("--no-normalize", action="store_true", help="with --embedding: no Normalize module")
-    tiny.add_argument("--matryoshka", metavar="DIMS", help="with --embedding: Matryoshka sizes, e.g. 16,32,64")
+    tiny.add_argument("--matryoshka", metavar="DIMS", type=_dimensions,
+                      help="with --embedding: Matryoshka sizes, e.g. 16,32,64")
     tiny.set_defaults(func=_tiny_model)
 
-    run = commands.add_parser("run", help="offline: run a JSONL file through the engine into Parquet, no servers")
+    run = commands.add_parser(
+        "run", help="offline: run a JSONL file through the engine into Parquet, no servers", epilog=EXIT_STATUS_HELP
+    )
     run.add_argument("input")
     run.add_argument("-o", "--output", required=True)
     run.add_argument("--model", required=True, help="model directory")
     run.add_argument("--model-name", default=None, help="the model name in responses (default: directory name)")
-    run.add_argument("--defaults", help="JSON object of default body fields")
+    run.add_argument("--defaults", type=json_object, help="JSON object of default body fields")
+    run.add_argument("--strict", action="store_true", help="exit with status 3 when any line failed")
+    run.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     run.add_argument("-q", "--quiet", action="store_true")
     add_engine_options(run)
     run.set_defaults(func=_run)

@@ -7,15 +7,37 @@ Each option is a field of `engine.EngineConfig` of the same name; adding one her
 from __future__ import annotations
 
 import argparse
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
+
+DTYPES = ("auto", "float32", "bfloat16", "float16", "float", "half")
+
+
+def device_name(text: str) -> str:
+    """auto, cpu, cuda or cuda:N."""
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device; expected auto, cpu, cuda or cuda:N")
+    return text
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
 
 
 @dataclass(frozen=True)
 class EngineOption:
     name: str  # the EngineConfig field, and the keyword argument of engine.LLM / LLMEngine
-    type: type
+    type: Callable[[str], object]  # parses and checks the value (argparse's type)
     default: object  # None: the engine decides
     help: str
+    choices: tuple[str, ...] | None = None
 
     @property
     def flag(self) -> str:
@@ -23,16 +45,18 @@ class EngineOption:
 
 
 ENGINE_OPTIONS = (
-    EngineOption("device", str, "auto", "cuda, cuda:N or cpu; auto: cuda when there is one"),
-    EngineOption("dtype", str, "auto", "auto, float32, bfloat16 or float16"),
-    EngineOption("max_num_seqs", int, 256, "most sequences in one engine step"),
-    EngineOption("num_kv_blocks", int, None, "KV cache blocks; default: as many as the memory budget allows"),
+    EngineOption("device", device_name, "auto", "cuda, cuda:N or cpu; auto: cuda when there is one"),
+    EngineOption("dtype", str, "auto", "auto: float32 on CPU, the checkpoint's 16-bit type on a GPU", DTYPES),
+    EngineOption("max_num_seqs", positive_int, 256, "most sequences in one engine step"),
+    EngineOption("num_kv_blocks", positive_int, None, "KV cache blocks; default: as many as the memory budget allows"),
 )
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
     for option in ENGINE_OPTIONS:
-        parser.add_argument(option.flag, type=option.type, default=option.default, help=option.help)
+        parser.add_argument(
+            option.flag, type=option.type, default=option.default, choices=option.choices, help=option.help
+        )
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

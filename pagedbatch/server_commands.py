@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import sys
 
+from pagedbatch.arguments import model_directory
 from pagedbatch.engine_options import add_engine_options, engine_kwargs
+from pagedbatch.failures import usage_error
 from store.logs import FORMATS, configure_logging
 from workers.priority import BOOKKEEPING_NICE
 
@@ -16,14 +18,26 @@ def settings_from(args, **overrides):
     """The settings from the environment, with `--model` items (when given) as the models."""
     from store.settings import Settings, parse_models
 
-    models = parse_models(getattr(args, "model", None)) or None
-    return Settings.from_env(models=models, **overrides)
+    try:
+        models = parse_models(getattr(args, "model", None)) or None
+        return Settings.from_env(models=models, **overrides)
+    except ValueError as exc:  # a --model without NAME=PATH, a PAGEDBATCH_* variable that is not a number
+        raise usage_error(f"bad setting: {exc}") from exc
+
+
+def checked_models(settings) -> None:
+    """Every model path is a model directory (before any server starts)."""
+    for name, path in settings.models.items():
+        model_directory(path, flag=f"--model {name}")
 
 
 def _migrate(args) -> int:
     from migrations import upgrade
 
-    upgrade(settings_from(args).database_url)
+    settings = settings_from(args)
+    if not settings.database_url:
+        raise usage_error("set PAGEDBATCH_DATABASE_URL to the database to upgrade")
+    upgrade(settings.database_url)
     print("database is at the latest schema", file=sys.stderr)
     return 0
 
@@ -33,6 +47,8 @@ def _api(args) -> int:
 
     prepare_metrics_dir()  # before api.app loads prometheus_client: the workers' metrics add up
     configure_logging("INFO", args.log_format)
+    settings = settings_from(args)
+    checked_models(settings)
     from api.app import create_app
 
     options = {
@@ -43,18 +59,20 @@ def _api(args) -> int:
         "worker_class": "api.server_errors.JsonErrorWorker",  # gthread, with its own errors as JSON
         "timeout": 300,
     }
-    GunicornApp(create_app(settings_from(args)), options).run()
+    GunicornApp(create_app(settings), options).run()
     return 0
 
 
 def _worker(args) -> int:
     from store.settings import parse_models
 
+    settings = settings_from(args)
     models = parse_models(args.model)
     if len(models) != 1:
-        raise SystemExit("pagedbatch worker: give exactly one --model NAME=PATH (one engine per worker)")
+        raise usage_error("worker: give exactly one --model NAME=PATH (one engine per worker)")
     ((name, path),) = models.items()
-    settings = settings_from(args)
+    if not args.engine_factory:  # a test's factory may take any path
+        model_directory(path, flag=f"--model {name}")
     configure_logging(args.loglevel, args.log_format)
     from workers.process import run_worker
 
@@ -74,9 +92,11 @@ def _worker(args) -> int:
 
 
 def _serve(args) -> int:
+    settings = settings_from(args)
+    checked_models(settings)
     from pagedbatch.supervisor import serve
 
-    return serve(args, settings_from(args))
+    return serve(args, settings)
 
 
 def _add_log_format(parser) -> None:

@@ -62,9 +62,13 @@ def _compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
 
 
-def build(flags: list[str] | None = None) -> Path:
-    """The shared library for this source, compiler, flags and CPU; compiled unless cached. Raises
-    (RuntimeError, OSError) where it cannot be built."""
+def compiler() -> str | None:
+    """The C++ compiler the kernels are built with; None where there is none."""
+    return _compiler()
+
+
+def library_path(flags: list[str] | None = None) -> Path:
+    """Where the shared library for this source, compiler, flags and CPU is cached (built or not)."""
     compiler = _compiler()
     if compiler is None:
         raise RuntimeError("no C++ compiler (c++, g++ or clang++; or set CXX)")
@@ -73,7 +77,15 @@ def build(flags: list[str] | None = None) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), version.encode(),
                                      _cpu_signature().encode()])).hexdigest()[:20]
-    target = _cache_dir() / f"cpu_attention-{key}.so"
+    return _cache_dir() / f"cpu_attention-{key}.so"
+
+
+def build(flags: list[str] | None = None) -> Path:
+    """The shared library for this source, compiler, flags and CPU; compiled unless cached. Raises
+    (RuntimeError, OSError) where it cannot be built."""
+    compiler = _compiler()
+    flags = FLAGS if flags is None else flags
+    target = library_path(flags)
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -74,7 +74,7 @@ def test_serve_and_client_commands(served, tmp_path, capsys, monkeypatch):
     rows = pq.read_table(out).to_pylist()
     assert sorted(r["custom_id"] for r in rows if r["status"] == "completed") == [f"s{i}" for i in range(6)]
 
-    assert main(["status", job_id, "--url", served]) == 0
+    assert main(["status", job_id, "--url", served, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["status"] == "completed"
     assert main(["wait", job_id, "--url", served, "-q"]) == 0
     capsys.readouterr()
@@ -124,7 +124,13 @@ def test_serve_hands_every_engine_option_to_its_workers():
     argv = ["serve", "--model", "tiny=/models/tiny", "--concurrency=3"]
     expected = {}
     for i, option in enumerate(ENGINE_OPTIONS):
-        value = f"value-{i}" if option.type is str else option.type(7 + i)  # none of them the default
+        # none of them the default, each one the option accepts
+        if option.name == "device":
+            value = "cuda:1"
+        elif option.choices:
+            value = next(c for c in option.choices if c != option.default)
+        else:
+            value = option.type(str(7 + i))
         argv.append(f"{option.flag}={value}")
         expected[option.name] = value
     serve_args = build_parser().parse_args(argv)

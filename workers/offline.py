@@ -3,7 +3,8 @@
 `run_offline` parses the file with `batchfile.parser`, feeds every valid request into one
 in-process engine through its step API (a bounded number in flight, so a large file is never all
 in the engine at once), and writes one row per line with the `store.results` schema, bad lines
-included as failed rows.
+included as failed rows. A file in which no line is a request is refused (`NoRequests`) before
+the engine loads.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ from batchfile.request import ParsedRequest
 from store.results.parquet import count_table, write_results
 from store.results.rows import error_row, request_failed_row, rows_to_table
 from workers.line_requests import add_to_engine, result_row
+
+
+class NoRequests(ValueError):
+    """No line of the input is a request: there is nothing to run."""
 
 
 @dataclass
@@ -56,6 +61,7 @@ def run_offline(
     `output_path`: a local path or an fsspec URL; written atomically when everything is done.
     """
     started = time.time()
+    check_has_requests(input_path, model_path, defaults=defaults, model_name=model_name)
     if llm is None:
         from engine import LLM
 
@@ -83,6 +89,29 @@ def run_offline(
         prompt_tokens=counts.prompt_tokens,
         completion_tokens=counts.completion_tokens,
         elapsed_s=time.time() - started,
+    )
+
+
+def check_has_requests(input_path, model_path, *, defaults=None, model_name: str | None = None) -> None:
+    """Raise `NoRequests` unless some line of the file is a valid request (read up to the first one,
+    with the model's tokenizer only)."""
+    limits = ModelLimits.from_dir(model_path, name=model_name or Path(model_path).resolve().name)
+    first: LineError | None = None
+    with open(input_path, "rb") as f:
+        items = parse_requests(f, limits, defaults=defaults, chunk_size=16)
+        try:
+            for item in items:
+                if not isinstance(item, LineError):
+                    return
+                first = first or item
+        finally:
+            items.close()
+    with open(input_path, "rb") as f:
+        lines = count_lines(f).lines
+    if first is None:
+        raise NoRequests(f"{input_path} has no lines: nothing to run")
+    raise NoRequests(
+        f"{input_path}: none of its {lines} lines is a request (line {first.line}: {first.code}: {first.message})"
     )
 
 
