@@ -7,8 +7,7 @@ import functools
 import json
 import sys
 
-from pagedbatch.arguments import masked
-from pagedbatch.failures import CliError, one_line, usage_error
+from pagedbatch.failures import database_errors, usage_error
 
 
 def _settings(args):
@@ -23,19 +22,12 @@ def _settings(args):
 
 
 def _on_database(func):
-    """A command that talks to the database: a connection that fails is one line, exit status 1."""
+    """An admin command: a database that cannot be reached is one line (`failures.database_errors`)."""
 
     @functools.wraps(func)
     def run(args) -> int:
-        from sqlalchemy.exc import ArgumentError, OperationalError
-
-        try:
+        with database_errors(lambda: _settings(args).database_url):
             return func(args)
-        except ArgumentError as exc:
-            raise usage_error(f"not a database URL: {one_line(exc)}") from exc
-        except OperationalError as exc:
-            url = masked(_settings(args).database_url)
-            raise CliError(f"cannot reach the database at {url}: {one_line(exc.orig or exc)}") from exc
 
     return run
 

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from pathlib import Path
 
 from pagedbatch.arguments import json_object, model_directory, readable_file, writable_output
 from pagedbatch.engine_options import add_engine_options, engine_kwargs
@@ -29,6 +30,7 @@ def _dimensions(text: str) -> list[int]:
 
 def _tiny_model(args) -> int:
     try:
+        Path(args.path).mkdir(parents=True, exist_ok=True)  # before torch loads: a path that cannot be written
         if args.embedding:
             from engine.tiny_embedding import write_tiny_embedding_model
 

@@ -11,9 +11,11 @@ Exit statuses (the same for `run`, `wait` and `submit --wait`):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_LINES_FAILED, EXIT_JOB_FAILED = 0, 1, 2, 3, 4
@@ -64,6 +66,21 @@ def os_error(exc: OSError) -> CliError:
         return usage_error(f"permission denied: {name}")
     reason = exc.strerror or one_line(exc)
     return CliError(f"{name}: {reason}" if name else reason)
+
+
+@contextlib.contextmanager
+def database_errors(url: Callable[[], str]):
+    """A database URL that is not one (exit 2) or a database that cannot be reached (exit 1), as one line."""
+    from sqlalchemy.exc import ArgumentError, OperationalError
+
+    try:
+        yield
+    except ArgumentError as exc:
+        raise usage_error(f"not a database URL: {one_line(exc)}") from exc
+    except OperationalError as exc:
+        from pagedbatch.arguments import masked
+
+        raise CliError(f"cannot reach the database at {masked(url())}: {one_line(exc.orig or exc)}") from exc
 
 
 def report(exc: BaseException, debug: bool) -> int:

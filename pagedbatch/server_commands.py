@@ -9,7 +9,7 @@ import sys
 
 from pagedbatch.arguments import model_directory
 from pagedbatch.engine_options import add_engine_options, engine_kwargs
-from pagedbatch.failures import usage_error
+from pagedbatch.failures import database_errors, usage_error
 from store.logs import FORMATS, configure_logging
 from workers.priority import BOOKKEEPING_NICE
 
@@ -37,18 +37,19 @@ def _migrate(args) -> int:
     settings = settings_from(args)
     if not settings.database_url:
         raise usage_error("set PAGEDBATCH_DATABASE_URL to the database to upgrade")
-    upgrade(settings.database_url)
+    with database_errors(lambda: settings.database_url):
+        upgrade(settings.database_url)
     print("database is at the latest schema", file=sys.stderr)
     return 0
 
 
 def _api(args) -> int:
+    settings = settings_from(args)
+    checked_models(settings)
     from pagedbatch.gunicorn_app import GunicornApp, child_exit, prepare_metrics_dir
 
     prepare_metrics_dir()  # before api.app loads prometheus_client: the workers' metrics add up
     configure_logging("INFO", args.log_format)
-    settings = settings_from(args)
-    checked_models(settings)
     from api.app import create_app
 
     options = {
