@@ -51,7 +51,7 @@ def jobs_table(jobs: list[dict]) -> str:
     rows = [("ID", "STATUS", "MODEL", "PROGRESS", "LINES", "COMPLETED", "FAILED", "CREATED")]
     for job in jobs:
         counts = job["request_counts"]
-        rows.append((job["id"], job["status"], job.get("model") or "-", progress(job), str(counts["total"]),
+        rows.append((job["id"], job["status"], job.get("model") or "-", f"{job['progress']:.0%}", str(counts["total"]),
                      str(counts["completed"]), str(failed_lines(job)), _when(job.get("created_at"))))
     return table(rows)
 
