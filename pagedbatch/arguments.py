@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 from pathlib import Path
-from urllib.parse import urlparse, urlsplit, urlunsplit
+from urllib.parse import urlparse
 
 from pagedbatch.failures import usage_error
 
@@ -68,10 +68,3 @@ def model_directory(path: str, flag: str = "--model") -> Path:
         raise usage_error(f"{flag}: {path} has no config.json; is it a Hugging Face model directory?")
     return folder
 
-
-def masked(url: str) -> str:
-    """The URL without its password, to be shown."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))

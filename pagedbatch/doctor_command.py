@@ -16,9 +16,9 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pagedbatch.arguments import api_url, masked
+from pagedbatch.arguments import api_url
 from pagedbatch.engine_options import device_name
-from pagedbatch.failures import EXIT_ERROR, EXIT_OK, one_line
+from pagedbatch.failures import EXIT_ERROR, EXIT_OK, masked, one_line
 
 OK, MISSING, NOTE = "ok", "MISSING", "note"  # MISSING fails the run; NOTE is not needed here
 CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "neon", "asimd")

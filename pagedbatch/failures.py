@@ -17,6 +17,7 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_LINES_FAILED, EXIT_JOB_FAILED = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report a SIGINT
@@ -26,7 +27,7 @@ EXIT_STATUS_HELP = (
     "1 any other error (the API or database unreachable, a server or internal error), "
     "2 usage or input error (bad arguments, missing file, unwritable output, no request line, unknown job), "
     "3 with --strict: completed but some lines failed, 4 the job failed, expired or was cancelled. "
-    f"--debug (or {DEBUG_ENV}=1) shows tracebacks."
+    f"130 interrupted. --debug (or {DEBUG_ENV}=1) shows tracebacks."
 )
 
 
@@ -78,8 +79,6 @@ def database_errors(url: Callable[[], str]):
     except ArgumentError as exc:
         raise usage_error(f"not a database URL: {one_line(exc)}") from exc
     except OperationalError as exc:
-        from pagedbatch.arguments import masked
-
         raise CliError(f"cannot reach the database at {masked(url())}: {one_line(exc.orig or exc)}") from exc
 
 
@@ -114,3 +113,11 @@ def _save_traceback(exc: BaseException) -> str:
         except OSError:
             continue
     return "nowhere: no writable directory"
+
+
+def masked(url: str) -> str:
+    """The URL without its password, to be shown."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))

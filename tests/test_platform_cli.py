@@ -87,6 +87,41 @@ def test_serve_and_client_commands(served, tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.slow
+def test_jobs_cancel_errors_and_doctor_against_serve(served, platform, tmp_path, capsys, monkeypatch):
+    url, home = served
+    for name in [n for n in os.environ if n.startswith("PAGEDBATCH_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("PAGEDBATCH_HOME", str(home))  # serve's key, storage and (unset) services
+    src = tmp_path / "in.jsonl"
+    bad = {"custom_id": "nope", "method": "POST", "url": "/v1/nothing", "body": {}}
+    src.write_bytes(jsonl([chat_line("ok-1", "hello"), bad]))
+    assert main(["submit", str(src), "--model", "tiny", "--url", url, "--wait", "-q", "--strict"]) == 3
+    job_id = capsys.readouterr().out.splitlines()[0]
+
+    assert main(["jobs", "--url", url, "--json"]) == 0
+    (job,) = [j for j in json.loads(capsys.readouterr().out)["data"] if j["id"] == job_id]
+    assert (job["status"], job["request_counts"]["completed"], job["request_counts"]["invalid"]) == ("completed", 1, 1)
+    assert main(["errors", job_id, "--url", url]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[:2] == ["nope", "invalid_url"]
+
+    long = tmp_path / "long.jsonl"
+    long.write_bytes(jsonl([chat_line(f"l{i}", "a story", 64, ignore_eos=True) for i in range(32)]))
+    assert main(["submit", str(long), "--model", "tiny", "--url", url, "-q"]) == 0
+    long_id = capsys.readouterr().out.strip()
+    assert main(["cancel", long_id, "--url", url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] in ("cancelling", "cancelled")
+    assert main(["wait", long_id, "--url", url, "-q", "--timeout", "60"]) == 4
+    assert main(["cancel", job_id, "--url", url]) == 2  # a completed job cannot be cancelled
+    assert "409" in capsys.readouterr().err
+
+    assert main(["doctor", "--url", url, "--json", "--model", f"tiny={platform.model_path}"]) == 0
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks["API"]["state"] == "ok" and checks["model tiny"]["state"] == "ok"
+    assert "starts an embedded one" in checks["PostgreSQL"]["detail"]
+    assert checks["storage"]["detail"].startswith(str(home / "storage"))
+
+
+@pytest.mark.slow
 def test_serve_restarts_a_worker_that_dies(served, tmp_path, capsys, monkeypatch):
     url, home = served
     log = home.parent / "serve.log"
