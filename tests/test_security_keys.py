@@ -107,7 +107,7 @@ def test_keys_cli_commands(platform, capsys):
     assert main(["keys", "revoke", listed["id"], "--database-url", url]) == 0
     assert main(["keys", "list", "--tenant", tenant, "--json", "--database-url", url]) == 0
     assert json.loads(capsys.readouterr().out)[0]["revoked_at"] is not None
-    assert main(["keys", "revoke", "key_nope", "--database-url", url]) == 1
+    assert main(["keys", "revoke", "key_nope", "--database-url", url]) == 2  # an unknown id: an input error
 
     assert main(["tenants", "set", tenant, "--max-active-jobs", "3", "--database-url", url]) == 0
     assert "max active jobs 3" in capsys.readouterr().out
