@@ -152,6 +152,9 @@ def test_offline_run_command(platform, tmp_path):
     assert main(["run", str(src), "-o", str(out), "--model", platform.model_path, "-q", "--device=cpu"]) == 0
     rows = pq.read_table(out).to_pylist()
     assert [r["status"] for r in rows] == ["completed"] * 5 + ["failed"]
+    # the README's example file: one line fails by design; the job still completed (0), or --strict says 3
+    example = ["run", str(REPO / "examples" / "requests.jsonl"), "-o", str(out), "--model", platform.model_path]
+    assert main([*example, "-q", "--device=cpu", "--strict"]) == 3
 
 
 def test_serve_hands_every_engine_option_to_its_workers():
