@@ -9,7 +9,7 @@ import sys
 
 from pagedbatch.arguments import model_directory
 from pagedbatch.engine_options import add_engine_options, engine_kwargs
-from pagedbatch.failures import database_errors, usage_error
+from pagedbatch.failures import CliError, database_errors, usage_error
 from store.logs import FORMATS, configure_logging
 from workers.priority import BOOKKEEPING_NICE
 
@@ -92,9 +92,24 @@ def _worker(args) -> int:
     return 0
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Before anything starts: the address `serve` will listen on is free."""
+    import os
+    import socket
+
+    try:
+        with socket.create_server((host, port), reuse_port=False):
+            pass
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else (exc.strerror or str(exc))
+        raise CliError(f"cannot listen on {host}:{port}: {reason} (another 'pagedbatch serve'? "
+                       "give --port)") from exc
+
+
 def _serve(args) -> int:
     settings = settings_from(args)
     checked_models(settings)
+    check_port_free(args.host, args.port)
     from pagedbatch.supervisor import serve
 
     return serve(args, settings)

@@ -118,9 +118,16 @@ def _cases(i: dict) -> list[tuple[list[str], dict, int, str]]:
 
 
 def test_every_command_answers_a_mistake_in_one_line(inputs):
-    cases = _cases(inputs)
+    import socket
+
+    busy = socket.create_server(("127.0.0.1", 0))  # a port something listens on
+    port = busy.getsockname()[1]
+    cases = [*_cases(inputs), (["serve", "--model", f"tiny={inputs['model']}", "--port", str(port)],
+                               {"PAGEDBATCH_HOME": str(inputs["tmp"] / "home")}, ERROR,
+                               f"cannot listen on 127.0.0.1:{port}")]
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda case: pagedbatch(case[0], case[1]), cases))
+    busy.close()
     for (argv, _, status, text), done in zip(cases, results):
         try:
             assert_one_line(done, status, text)
