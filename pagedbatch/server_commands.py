@@ -45,7 +45,7 @@ def _migrate(args) -> int:
 
 def _api(args) -> int:
     settings = settings_from(args)
-    checked_models(settings)
+    checked_models(settings)  # the app reads every model's tokenizer as it starts
     from pagedbatch.gunicorn_app import GunicornApp, child_exit, prepare_metrics_dir
 
     prepare_metrics_dir()  # before api.app loads prometheus_client: the workers' metrics add up

@@ -78,6 +78,8 @@ def _cases(i: dict) -> list[tuple[list[str], dict, int, str]]:
         (["serve", "--model", f"tiny={model}", "--port", "eighty"], {}, USAGE, "invalid int value"),
         (["serve", "--model", "=x"], home, USAGE, "bad model spec"),
         (["api", "--model", "tiny=/no/such/model"], {}, USAGE, "no such model directory"),
+        (["api", "--model", "tiny="], {}, USAGE, "bad setting: bad model spec"),
+        (["api", "--workers", "two"], {}, USAGE, "invalid int value"),
         (["worker", "--model", f"a={model}", "--model", f"b={model}"], {}, USAGE, "exactly one --model"),
         (["worker", "--model", "a=/no/such/model"], {}, USAGE, "no such model directory"),
         (["worker", "--model", f"a={model}", "--role", "boss"], {}, USAGE, "invalid choice: 'boss'"),
