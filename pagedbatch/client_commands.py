@@ -98,19 +98,23 @@ def _submit(args) -> int:
                      progress=not args.quiet)
     print(job["id"])
     if not (args.wait or args.output):
-        if args.json:
-            print(json.dumps(job, indent=2))
+        _show_submitted(args, job)
         return EXIT_OK
     job = api.wait(job["id"], progress=not args.quiet)
     if args.output and job["status"] != "failed":  # expired and cancelled jobs keep what finished
         api.download(job["id"], args.output, progress=not args.quiet)
+    _show_submitted(args, job)
+    return job_exit_status(job, args.strict)
+
+
+def _show_submitted(args, job: dict) -> None:
+    """After the id: the job as JSON on stdout (--json), or its table on stderr (stdout keeps the id alone)."""
     if args.json:
         print(json.dumps(job, indent=2))
-    else:
-        from pagedbatch.job_view import job_table
+        return
+    from pagedbatch.job_view import job_table
 
-        print(job_table(job), file=sys.stderr)
-    return job_exit_status(job, args.strict)
+    print(job_table(job), file=sys.stderr)
 
 
 def _status(args) -> int:
