@@ -5,6 +5,7 @@ They read PAGEDBATCH_* environment variables (see `store.settings`); `--model` a
 
 from __future__ import annotations
 
+import os
 import sys
 
 from pagedbatch.engine_options import add_engine_options, engine_kwargs
@@ -69,6 +70,7 @@ def _worker(args) -> int:
         bookkeeping_nice=args.bookkeeping_nice,
         metrics_port=args.metrics_port,
         role=args.role,
+        drain_s=args.drain_timeout,
     )
     return 0
 
@@ -130,6 +132,12 @@ def add_commands(commands) -> None:
         "--role", choices=("both", "prefill", "decode"), default="both",
         help="both: prefill and decode here (default); decode: take shards, prefill on the prefill workers "
         "(locally when none is alive); prefill: serve prefills to decode workers, take no shards",
+    )  # fmt: skip
+    worker.add_argument(
+        "--drain-timeout", type=float, default=float(os.environ.get("PAGEDBATCH_WORKER_DRAIN_S") or 0),
+        metavar="SECONDS",
+        help="on SIGTERM, take no new shard and let the running ones finish for up to SECONDS, then hand the "
+        "rest back to the queue (default 0: hand back at once; PAGEDBATCH_WORKER_DRAIN_S)",
     )  # fmt: skip
     _add_log_format(worker)
     add_engine_options(worker)
