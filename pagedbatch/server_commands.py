@@ -22,8 +22,14 @@ def settings_from(args, **overrides):
 
 
 def _migrate(args) -> int:
-    from migrations import upgrade
+    from migrations import script_heads, upgrade, wait_for_head
 
+    if args.wait is not None:
+        if not wait_for_head(settings_from(args).database_url, args.wait):
+            print(f"database not at schema {','.join(sorted(script_heads()))} after {args.wait:g}s", file=sys.stderr)
+            return 1
+        print("database is at this version's schema", file=sys.stderr)
+        return 0
     upgrade(settings_from(args).database_url)
     print("database is at the latest schema", file=sys.stderr)
     return 0
@@ -144,4 +150,8 @@ def add_commands(commands) -> None:
     worker.set_defaults(func=_worker)
 
     migrate = commands.add_parser("migrate", help="upgrade the database schema to the latest migration")
+    migrate.add_argument(
+        "--wait", type=float, default=None, metavar="SECONDS",
+        help="do not migrate: wait until the database is at this version's schema (exit 1 after SECONDS)",
+    )  # fmt: skip
     migrate.set_defaults(func=_migrate)
