@@ -16,9 +16,8 @@ from kombu import Connection
 
 from pagedbatch.cli import build_parser
 from store.settings import Settings, parse_models
-from tests.k8s_manifests import (
-    CRD_SCHEMAS, K8S, OVERLAYS, REF, container, env_sources, expand, find, one, pod_spec, render, resolve_env,
-)  # fmt: skip
+from tests import k8s_manifests as k8s
+from tests.k8s_manifests import CRD_SCHEMAS, K8S, OVERLAYS, REF, container, env_sources, find, one, pod_spec
 
 K8S_VERSIONS = ("1.29", "1.37")  # the oldest and newest Kubernetes the manifests are checked against
 # what an operator puts in the production Secrets (created out of band, never rendered)
@@ -33,7 +32,7 @@ CREDENTIAL_NAMES = ("URL", "PASSWORD", "SECRET", "TOKEN", "KEY")
 
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, list[dict]]:
-    return {name: render(K8S / "overlays" / name) for name in OVERLAYS}
+    return {name: k8s.render(K8S / "overlays" / name) for name in OVERLAYS}
 
 
 def workloads(objects: list[dict]) -> list[dict]:
@@ -51,10 +50,10 @@ def pagedbatch_containers(objects: list[dict]):
 
 def parse(objects: list[dict], c: dict, monkeypatch):
     """The container's command as the real `pagedbatch` CLI parses it, in the container's environment."""
-    env = resolve_env(objects, c, SECRETS)
+    env = k8s.resolve_env(objects, c, SECRETS)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    return build_parser().parse_args(expand(c["command"][1:], env)), env
+    return build_parser().parse_args(k8s.expand(c["command"][1:], env)), env
 
 
 def workers(objects: list[dict]) -> list[dict]:
@@ -65,7 +64,7 @@ def workers(objects: list[dict]) -> list[dict]:
 
 @pytest.mark.parametrize("directory", ["base", "worker", "overlays/production", "overlays/dev"])
 def test_each_kustomization_renders(directory):
-    objects = render(K8S / directory)
+    objects = k8s.render(K8S / directory)
     assert objects and all(o["apiVersion"] and o["kind"] and o["metadata"]["name"] for o in objects)
 
 
@@ -108,9 +107,9 @@ def test_every_pagedbatch_command_parses_with_the_real_cli(rendered, overlay, mo
         if args.command in ("api", "worker"):
             assert settings.models == parse_models(env["PAGEDBATCH_MODELS"]) and settings.models
             url = Connection(settings.broker_url)  # the URL the pods build from the Redis Secret
-            secret_address = resolve_env(objects, c, SECRETS)["PAGEDBATCH_REDIS_ADDRESS"]
+            secret_address = k8s.resolve_env(objects, c, SECRETS)["PAGEDBATCH_REDIS_ADDRESS"]
             assert f"{url.hostname}:{url.port}" == secret_address
-            assert url.password == resolve_env(objects, c, SECRETS)["PAGEDBATCH_REDIS_PASSWORD"]
+            assert url.password == k8s.resolve_env(objects, c, SECRETS)["PAGEDBATCH_REDIS_PASSWORD"]
             assert url.virtual_host == env["PAGEDBATCH_REDIS_DB"]
         if args.command == "worker":
             name, path = env["PAGEDBATCH_WORKER_MODEL"].split("=", 1)
@@ -154,7 +153,9 @@ def test_keda_scales_each_model_on_its_queue_in_the_workers_redis(rendered, monk
         auth = one(objects, "TriggerAuthentication", name=trigger["authenticationRef"]["name"])
         params = {ref["parameter"]: ("secret", ref["name"], ref["key"]) for ref in auth["spec"]["secretTargetRef"]}
         sources = env_sources(objects, c)
-        assert params == {"address": sources["PAGEDBATCH_REDIS_ADDRESS"], "password": sources["PAGEDBATCH_REDIS_PASSWORD"]}
+        assert params == {
+            "address": sources["PAGEDBATCH_REDIS_ADDRESS"], "password": sources["PAGEDBATCH_REDIS_PASSWORD"]
+        }
         assert set(REF.findall(sources["PAGEDBATCH_BROKER_URL"][1])) >= {"PAGEDBATCH_REDIS_ADDRESS",
                                                                           "PAGEDBATCH_REDIS_PASSWORD"}  # fmt: skip
 
@@ -256,7 +257,8 @@ def test_the_probes_ask_endpoints_the_api_serves_without_a_key(platform, rendere
     assert {p["targetPort"] for p in service["spec"]["ports"]} <= set(ports)
     for ingress in find(objects, "Ingress"):
         backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
-        assert backend["name"] == "pagedbatch-api" and backend["port"]["name"] in {p["name"] for p in service["spec"]["ports"]}
+        assert backend["name"] == "pagedbatch-api"
+        assert backend["port"]["name"] in {p["name"] for p in service["spec"]["ports"]}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -265,7 +267,7 @@ def test_the_grace_period_covers_the_workers_drain(rendered, overlay, monkeypatc
         with monkeypatch.context() as m:
             args, _ = parse(rendered[overlay], container(worker, "worker"), m)
         grace = pod_spec(worker)["terminationGracePeriodSeconds"]
-        assert 0 < args.drain_timeout and args.drain_timeout + 30 <= grace, (args.drain_timeout, grace)
+        assert args.drain_timeout > 0 and args.drain_timeout + 30 <= grace, (args.drain_timeout, grace)
 
 
 def test_prometheus_scrapes_the_ports_that_serve_metrics(rendered, monkeypatch):
@@ -294,7 +296,7 @@ def test_prometheus_scrapes_the_ports_that_serve_metrics(rendered, monkeypatch):
 def test_the_dev_overlay_runs_postgres_and_redis_in_the_cluster(rendered, monkeypatch):
     objects = rendered["dev"]
     assert not find(objects, "ScaledObject") and not find(objects, "TriggerAuthentication")
-    secrets = resolve_env(objects, {"env": [
+    secrets = k8s.resolve_env(objects, {"env": [
         {"name": n, "valueFrom": {"secretKeyRef": {"name": s, "key": k}}}
         for n, s, k in [("URL", "pagedbatch-postgres", "url"), ("PG", "pagedbatch-postgres", "password"),
                         ("ADDRESS", "pagedbatch-redis", "address"), ("REDIS", "pagedbatch-redis", "password")]
@@ -313,7 +315,7 @@ def test_the_dev_overlay_runs_postgres_and_redis_in_the_cluster(rendered, monkey
     server = container(redis, "redis")
     assert "--requirepass" in server["command"]
     assert env_sources(objects, server)["REDIS_PASSWORD"] == ("secret", "pagedbatch-redis", "password")
-    assert expand(server["command"], resolve_env(objects, server))[-1] == secrets["REDIS"]
+    assert k8s.expand(server["command"], k8s.resolve_env(objects, server))[-1] == secrets["REDIS"]
     for worker in workers(objects):
         args, env = parse(objects, container(worker, "worker"), monkeypatch)
         assert args.device == "cpu"
