@@ -123,10 +123,10 @@ def test_a_drain_timeout_that_runs_out_hands_the_shards_back(fresh_workers):
     h = fresh_workers
     first = h.start_worker(
         concurrency=2, engine_factory="tests.doubles:slow_engine",
-        PAGEDBATCH_TEST_STEP_DELAY_S="0.1", PAGEDBATCH_WORKER_DRAIN_S="1",
+        PAGEDBATCH_TEST_STEP_DELAY_S="0.2", PAGEDBATCH_WORKER_DRAIN_S="1",
     )  # fmt: skip
     ids = [f"h{i}" for i in range(8)]
-    job = h.submit([long_line(cid, max_tokens=300) for cid in ids])  # shards of >= 30s
+    job = h.submit([long_line(cid, max_tokens=150) for cid in ids])  # shards of >= 30s
     h.wait_running(job["id"])
     t0 = time.monotonic()
     first.kill(signal.SIGTERM)

@@ -48,6 +48,7 @@ def on_shutdown(how: str = "Warm") -> None:
         shard_runner.stop_taking()
         timer = threading.Timer(drain_s, _hand_back, args=(host, f"still running after {drain_s:g}s of drain"))
         timer.daemon = True
+        _state["drain_timer"] = timer
         timer.start()
         log.info("shutting down: taking no new shard; running shards may finish within %gs", drain_s)
         return
@@ -55,6 +56,9 @@ def on_shutdown(how: str = "Warm") -> None:
 
 
 def _hand_back(host, why: str) -> None:
+    timer = _state.pop("drain_timer", None)
+    if timer is not None:
+        timer.cancel()  # a second signal during the drain: no deadline left to wait for
     aborted = shard_runner.drain(host)
     log.info("%s: aborted %d requests; their shards are handed back", why, aborted)
 
