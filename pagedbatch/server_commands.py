@@ -5,6 +5,7 @@ They read PAGEDBATCH_* environment variables (see `store.settings`); `--model` a
 
 from __future__ import annotations
 
+import os
 import sys
 
 from pagedbatch.arguments import model_directory
@@ -32,11 +33,19 @@ def checked_models(settings) -> None:
 
 
 def _migrate(args) -> int:
-    from migrations import upgrade
+    from migrations import script_heads, upgrade, wait_for_head
 
     settings = settings_from(args)
     if not settings.database_url:
         raise usage_error("set PAGEDBATCH_DATABASE_URL to the database to upgrade")
+    if args.wait is not None:
+        with database_errors(lambda: settings.database_url):
+            at_head = wait_for_head(settings.database_url, args.wait)
+        if not at_head:
+            print(f"database not at schema {','.join(sorted(script_heads()))} after {args.wait:g}s", file=sys.stderr)
+            return 1
+        print("database is at this version's schema", file=sys.stderr)
+        return 0
     with database_errors(lambda: settings.database_url):
         upgrade(settings.database_url)
     print("database is at the latest schema", file=sys.stderr)
@@ -88,6 +97,7 @@ def _worker(args) -> int:
         bookkeeping_nice=args.bookkeeping_nice,
         metrics_port=args.metrics_port,
         role=args.role,
+        drain_s=args.drain_timeout,
     )
     return 0
 
@@ -167,9 +177,19 @@ def add_commands(commands) -> None:
         help="both: prefill and decode here (default); decode: take shards, prefill on the prefill workers "
         "(locally when none is alive); prefill: serve prefills to decode workers, take no shards",
     )  # fmt: skip
+    worker.add_argument(
+        "--drain-timeout", type=float, default=float(os.environ.get("PAGEDBATCH_WORKER_DRAIN_S") or 0),
+        metavar="SECONDS",
+        help="on SIGTERM, take no new shard and let the running ones finish for up to SECONDS, then hand the "
+        "rest back to the queue (default 0: hand back at once; PAGEDBATCH_WORKER_DRAIN_S)",
+    )  # fmt: skip
     _add_log_format(worker)
     add_engine_options(worker)
     worker.set_defaults(func=_worker)
 
     migrate = commands.add_parser("migrate", help="upgrade the database schema to the latest migration")
+    migrate.add_argument(
+        "--wait", type=float, default=None, metavar="SECONDS",
+        help="do not migrate: wait until the database is at this version's schema (exit 1 after SECONDS)",
+    )  # fmt: skip
     migrate.set_defaults(func=_migrate)

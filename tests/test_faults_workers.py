@@ -89,3 +89,52 @@ def test_request_that_makes_the_engine_raise_fails_alone(fresh_workers):
     # the worker keeps serving
     again = h.wait(h.submit([long_line("after", max_tokens=4)])["id"], timeout=60)
     assert again["status"] == "completed" and again["request_counts"]["completed"] == 1
+
+
+def test_sigterm_with_a_drain_timeout_finishes_the_running_shards(fresh_workers):
+    """What Kubernetes does to a worker it scales down: SIGTERM, then SIGKILL after the grace period. With
+    a drain timeout inside that period the running shards finish here (no work thrown away) and the queued
+    ones stay queued for the next worker."""
+    h = fresh_workers
+    first = h.start_worker(
+        concurrency=2, engine_factory="tests.doubles:slow_engine",
+        PAGEDBATCH_TEST_STEP_DELAY_S="0.01", PAGEDBATCH_WORKER_DRAIN_S="60",
+    )  # fmt: skip
+    ids = [f"g{i}" for i in range(16)]
+    job = h.submit([long_line(cid, max_tokens=150) for cid in ids])  # 4 shards of >= 1.5s each, 2 at a time
+    h.wait_running(job["id"])
+    running = {s.id for s in h.shards(job["id"]) if s.status == "running"}
+    first.kill(signal.SIGTERM)
+    assert first.wait(timeout=60) == 0
+    shards = {s.id: s for s in h.shards(job["id"])}
+    assert running and all(shards[sid].status == "done" and shards[sid].attempts == 1 for sid in running), [
+        (s.id, s.status, s.attempts) for s in shards.values()
+    ]
+    assert [s for s in shards.values() if s.status == "queued"], "every shard ran: the drain took new ones"
+    assert "handed back" not in first.text()
+    h.start_worker()
+    done = h.wait(job["id"], timeout=120)
+    assert done["status"] == "completed" and done["request_counts"]["completed"] == len(ids)
+    h.assert_exactly_once(done["id"], ids)
+    assert all(s.attempts == 1 for s in h.shards(job["id"])), "a shard ran twice"
+
+
+def test_a_drain_timeout_that_runs_out_hands_the_shards_back(fresh_workers):
+    h = fresh_workers
+    first = h.start_worker(
+        concurrency=2, engine_factory="tests.doubles:slow_engine",
+        PAGEDBATCH_TEST_STEP_DELAY_S="0.2", PAGEDBATCH_WORKER_DRAIN_S="1",
+    )  # fmt: skip
+    ids = [f"h{i}" for i in range(8)]
+    job = h.submit([long_line(cid, max_tokens=150) for cid in ids])  # shards of >= 30s
+    h.wait_running(job["id"])
+    t0 = time.monotonic()
+    first.kill(signal.SIGTERM)
+    first.wait(timeout=30)
+    assert time.monotonic() - t0 < 20, "the worker outlived its drain timeout: it waited for the shards"
+    assert "still running after 1s of drain" in first.text() and "handed back" in first.text()
+    assert not [s for s in h.shards(job["id"]) if s.status == "running"]
+    h.start_worker()
+    done = h.wait(job["id"], timeout=240)
+    assert done["status"] == "completed" and done["request_counts"]["completed"] == len(ids)
+    h.assert_exactly_once(done["id"], ids)

@@ -25,3 +25,41 @@ def test_migrate_is_idempotent(platform):
     from migrations import upgrade
 
     upgrade(platform.settings.database_url)  # already at head: nothing to do, no error
+
+
+def test_waiting_for_the_schema_head_waits_for_someone_else_to_migrate(platform):
+    """The Kubernetes pods' initContainer (`pagedbatch migrate --wait`): it never migrates, it waits."""
+    import os
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from migrations import database_heads, script_heads, upgrade, wait_for_head
+    from pagedbatch.embedded import create_database, drop_database
+    from store.db import dispose_all
+    from tests.helpers import REPO
+    from tests.platform_fixtures import _database_url
+
+    name = platform.db_name + "_wait"
+    create_database(platform.admin_url, name)
+    url = _database_url(platform.admin_url, name)
+    env = {**os.environ, "PAGEDBATCH_DATABASE_URL": url}
+    cli = [sys.executable, "-m", "pagedbatch", "migrate", "--wait", "0"]
+    try:
+        assert script_heads() and database_heads(url) == set()
+        t0 = time.monotonic()
+        assert not wait_for_head(url, 0.5, poll_s=0.1)
+        assert time.monotonic() - t0 >= 0.5
+        assert database_heads(url) == set(), "waiting migrated the database"
+        done = subprocess.run(cli, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1 and "not at schema" in done.stderr, done.stderr
+        threading.Timer(1.0, upgrade, args=(url,)).start()
+        assert wait_for_head(url, 60, poll_s=0.1)
+        assert database_heads(url) == script_heads()
+        done = subprocess.run(cli, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+    finally:
+        dispose_all()
+        drop_database(platform.admin_url, name)
+    assert not wait_for_head("postgresql://nobody@127.0.0.1:1/none", 0.3, poll_s=0.1)  # unreachable: not yet

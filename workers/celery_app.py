@@ -14,8 +14,8 @@ from store.settings import Settings
 from workers import tasks
 
 
-def _on_worker_shutting_down(**_kwargs) -> None:
-    tasks.on_shutdown()
+def _on_worker_shutting_down(how: str = "Warm", **_kwargs) -> None:
+    tasks.on_shutdown(how)
 
 
 def make_celery(settings: Settings) -> Celery:

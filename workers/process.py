@@ -61,9 +61,11 @@ def run_worker(
     bookkeeping_nice: int = BOOKKEEPING_NICE,
     metrics_port: int | None = None,
     role: str = "both",
+    drain_s: float = 0.0,
 ) -> None:
     """Serve `model_name`'s queue with one engine loaded from `model_path`, until SIGTERM or SIGINT
-    (`role`: see workers.disagg; a prefill worker serves decode workers instead of the queue)."""
+    (`role`: see workers.disagg; a prefill worker serves decode workers instead of the queue; `drain_s`:
+    how long running shards may finish after SIGTERM before they are handed back, see `tasks.on_shutdown`)."""
     factory = load_engine_factory(engine_factory)
     host = EngineHost(lambda: factory(model=model_path, **engine_kwargs))
     if bookkeeping_nice:  # every thread started from here on yields to the engine's
@@ -81,7 +83,7 @@ def run_worker(
     if role == "decode":
         disagg.attach_remote_prefill(settings, model_name, host, metrics)
     watcher = CancelWatcher(settings, host)
-    tasks.configure(settings, host, watcher, metrics)
+    tasks.configure(settings, host, watcher, metrics, drain_s=drain_s)
     registration = registration_for(
         model_name, model_path, max_model_len=engine_kwargs.get("max_model_len"), metrics_port=metrics_port
     )

@@ -5,7 +5,8 @@ only after that (late acks), so a redelivered shard overwrites its part instead 
 The shard is leased in the database (`store.shards.claim_shard`) and the lease renewed while it runs
 (`workers.leases`): a redelivery while it runs is skipped, a worker that dies loses the shard to the
 sweeper, and an attempt that lost its lease writes nothing. A worker shutting down (`drain`) aborts its
-unfinished shards and hands them back.
+unfinished shards and hands them back; with a drain timeout it first stops taking shards (`stop_taking`) and
+lets the running ones finish.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ DB_RETRY_S = 60.0  # how long a finished shard waits for the database to come ba
 
 DONE, CANCELLED, SKIPPED, RELEASED, LOST, SPLIT = "done", "cancelled", "skipped", "released", "lost", "split"
 
-draining = threading.Event()  # set when this worker shuts down
+draining = threading.Event()  # set when this worker shuts down: running shards are aborted and handed back
+closing = threading.Event()  # set when this worker stops taking shards (the running ones go on)
 _in_flight: dict[str, list[str]] = {}  # shard id -> its request ids in the engine
 _in_flight_lock = threading.Lock()
 
@@ -70,8 +72,14 @@ def with_db_retry(fn, *args, **kwargs):
             delay = min(delay * 2, 5.0)
 
 
+def stop_taking() -> None:
+    """Shutting down gracefully: shards delivered from now on go back to the queue unstarted."""
+    closing.set()
+
+
 def drain(host) -> int:
     """Shutting down: abort every shard's requests; the shards are handed back, not written."""
+    closing.set()
     draining.set()
     with _in_flight_lock:
         request_ids = [rid for ids in _in_flight.values() for rid in ids]
@@ -108,7 +116,7 @@ class _Attempt:
 
 def run_shard(settings: Settings, host, watcher, shard_id: str) -> str:
     """Returns what happened: "done", "cancelled", "skipped", "released", "lost" or "split"."""
-    if draining.is_set():
+    if closing.is_set():
         return RELEASED
     recovery = Recovery.from_env()
     claim = with_db_retry(claim_shard, settings, shard_id, WORKER_NAME, recovery.lease_s, recovery.max_attempts)

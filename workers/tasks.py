@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 from celery.exceptions import Reject
@@ -22,22 +23,44 @@ _state: dict = {}  # settings, host, cancel watcher, sweeper and metrics (option
 _log_contexts: dict = {}  # task id -> the log context of the shard task running it
 
 
-def configure(settings, host, watcher, metrics=None) -> None:
-    """Called once by `workers.process.run_worker` before the Celery worker starts; starts this process's sweeper."""
-    _state.update(settings=settings, host=host, watcher=watcher, metrics=metrics)
+def configure(settings, host, watcher, metrics=None, drain_s: float = 0.0) -> None:
+    """Called once by `workers.process.run_worker` before the Celery worker starts; starts this process's sweeper.
+
+    `drain_s`: on SIGTERM, how long running shards may go on before they are handed back (0: at once)."""
+    _state.update(settings=settings, host=host, watcher=watcher, metrics=metrics, drain_s=drain_s)
     if "sweeper" not in _state:
         _state["sweeper"] = Sweeper(settings)
 
 
-def on_shutdown() -> None:
-    """The worker is shutting down (SIGTERM): hand unfinished shards back at once."""
-    host = _state.get("host")
-    if host is not None:
-        aborted = shard_runner.drain(host)
-        log.info("shutting down: aborted %d requests; their shards are handed back", aborted)
+def on_shutdown(how: str = "Warm") -> None:
+    """The worker is shutting down (Celery's signal handler calls this; it must not block for long).
+
+    A warm shutdown (SIGTERM) with a drain timeout takes no new shard and lets the running ones finish, up to
+    the timeout: Celery waits for them, acknowledges them and exits. Whatever still runs then, or at once on
+    a cold shutdown, a second signal or without a drain timeout, is aborted and handed back to the queue."""
+    host, drain_s = _state.get("host"), _state.get("drain_s", 0.0)
     sweeper = _state.pop("sweeper", None)
     if sweeper is not None:
         sweeper.close()
+    if host is None:
+        return
+    if how == "Warm" and drain_s > 0 and not shard_runner.closing.is_set():
+        shard_runner.stop_taking()
+        timer = threading.Timer(drain_s, _hand_back, args=(host, f"still running after {drain_s:g}s of drain"))
+        timer.daemon = True
+        _state["drain_timer"] = timer
+        timer.start()
+        log.info("shutting down: taking no new shard; running shards may finish within %gs", drain_s)
+        return
+    _hand_back(host, "shutting down")
+
+
+def _hand_back(host, why: str) -> None:
+    timer = _state.pop("drain_timer", None)
+    if timer is not None:
+        timer.cancel()  # a second signal during the drain: no deadline left to wait for
+    aborted = shard_runner.drain(host)
+    log.info("%s: aborted %d requests; their shards are handed back", why, aborted)
 
 
 def _timed(outcome_of, shard_id: str) -> str:
