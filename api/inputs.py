@@ -17,6 +17,16 @@ JsonValue = TypeAliasType(
     Union[None, bool, int, Annotated[float, Field(allow_inf_nan=False)], Text, list["JsonValue"],  # noqa: UP007
           dict[Text, "JsonValue"]],  # fmt: skip
 )
+"""Any JSON value without a NUL in its strings or keys (PostgreSQL's jsonb holds none)"""
+
+_JSON_VALUE = {"$ref": "#/components/schemas/JsonValue"}
+JSON_VALUE_SCHEMA = {
+    "description": "Any JSON value without a NUL in its strings or keys",
+    "type": ["null", "boolean", "number", "string", "array", "object"], "pattern": NO_NUL,
+    "items": _JSON_VALUE, "propertyNames": {"pattern": NO_NUL}, "additionalProperties": _JSON_VALUE,
+}  # fmt: skip
+"""JsonValue as the document states it: pydantic's anyOf of one schema per type, as one schema. The same
+values, and no "another type" a fuzzer could mutate a value into that is still valid."""
 Priority = Annotated[int, Field(ge=MIN_PRIORITY, le=MAX_PRIORITY, description="lower is served first, among the "
                                 "tenant's jobs (vLLM's meaning)"), INTEGRAL]  # fmt: skip
 LIMIT = "How many objects a page holds"

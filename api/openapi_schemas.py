@@ -10,7 +10,7 @@ import functools
 from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
-from api.inputs import FileUpload, JobUpload
+from api.inputs import JSON_VALUE_SCHEMA, FileUpload, JobUpload
 from api.objects import REQUEST_OBJECTS, RESPONSE_OBJECTS, PathId
 
 REF = "#/components/schemas/{model}"
@@ -48,7 +48,27 @@ def component_schemas() -> dict:
     defs = schemas["$defs"]
     for model in (FileUpload, JobUpload):  # the types the forms use (JsonValue)
         defs.update(_model_schema(model).get("$defs", {}))
-    return clean(defs)
+    defs = clean(defs)
+    return {**{name: _nullable_as_type(schema, defs) for name, schema in defs.items()}, "JsonValue": JSON_VALUE_SCHEMA}
+
+
+def _nullable_as_type(schema, defs: dict):
+    """`anyOf: [X, {type: null}]` (pydantic's `X | None`) as X with "null" among its types (a `$ref` X
+    inlined): the same values, and no value a fuzzer could mutate out of X into the other branch."""
+    if isinstance(schema, list):
+        return [_nullable_as_type(item, defs) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _nullable_as_type(v, defs) for k, v in schema.items()}
+    branches = out.get("anyOf")
+    if isinstance(branches, list) and len(branches) == 2 and {"type": "null"} in branches:
+        (other,) = [b for b in branches if b != {"type": "null"}]
+        if "$ref" in other:
+            other = {**defs[other["$ref"].rsplit("/", 1)[-1]], **{k: v for k, v in other.items() if k != "$ref"}}
+        if isinstance(other.get("type"), str):
+            del out["anyOf"]
+            out = {**other, **out, "type": [other["type"], "null"]}
+    return out
 
 
 def _model_schema(model: type[BaseModel]) -> dict:

@@ -155,3 +155,23 @@ def test_batch_body_is_held_to_its_declaration(client):
     made = client.post("/v1/batches", json={**body, "priority": 7.0, "metadata": None})
     assert made.status_code == 200, made.get_json()
     client.post(f"/v1/batches/{made.get_json()['id']}/cancel")
+
+
+@pytest.mark.parametrize(
+    "value, valid",
+    [(None, True), (True, True), (3, True), (1.5, True), ("a", True), ([1, [None]], True),
+     ({"a": {"b": ["c"]}}, True), ("a\x00", False), (["\x00"], False), ({"k\x00": 1}, False),
+     ({"a": {"b": "\x00"}}, False)],
+)  # fmt: skip
+def test_json_values_are_what_the_document_says(spec, value, valid):
+    """defaults' values: the document's one-schema JsonValue and pydantic's union agree."""
+    from jsonschema import Draft202012Validator
+    from pydantic import TypeAdapter, ValidationError
+
+    validator = Draft202012Validator({"$ref": "#/components/schemas/JsonValue", "components": spec["components"]})
+    assert validator.is_valid(value) is valid
+    try:
+        TypeAdapter(inputs.JsonValue).validate_python(value, strict=True)
+        assert valid
+    except ValidationError:
+        assert not valid
