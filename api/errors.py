@@ -44,7 +44,11 @@ def register_error_handlers(app: Flask) -> None:
         message = exc.description or exc.name
         if exc.code == 413:
             message = "Request entity too large: " + message
-        return error_response(exc.code or 500, message, None, exc.name.lower().replace(" ", "_"))
+        response, status = error_response(exc.code or 500, message, None, exc.name.lower().replace(" ", "_"))
+        allow = getattr(exc, "valid_methods", None)
+        if status == 405 and allow:  # RFC 9110: a 405 says which methods the resource has
+            response.headers["Allow"] = ", ".join(sorted(allow))
+        return response, status
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):

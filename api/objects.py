@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
 from store.models import JOB_STATUSES, MAX_PRIORITY, MIN_PRIORITY
 
@@ -19,15 +19,25 @@ COMPLETION_WINDOWS = ("24h",)
 METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's metadata limits
 
 JobStatus = Literal[JOB_STATUSES]  # OpenAI's batch statuses
+INTEGRAL = BeforeValidator(lambda v: int(v) if isinstance(v, float) and v.is_integer() else v)
+"""3.0 taken as 3 (JSON Schema's integer; strict validation otherwise refuses a float): put it after the bounds"""
+Integer = Annotated[int, INTEGRAL]
+NO_NUL = r"^[^\x00]*$"  # PostgreSQL text cannot hold a NUL: every string the API stores or looks up is free of it
+ID_CHARS = 128
+Text = Annotated[str, StringConstraints(pattern=NO_NUL)]
+IdRef = Annotated[str, StringConstraints(min_length=1, max_length=ID_CHARS, pattern=NO_NUL)]
+"""An object's id where one is given (a body field, a cursor): an unknown one is a 404"""
+PathId = Annotated[str, StringConstraints(min_length=1, max_length=ID_CHARS, pattern=r"^[^\x00/]+$")]
+"""An object's id in a path: one segment"""
 Timestamp = Annotated[int | None, Field(description="Unix seconds")]
-Metadata = Annotated[
+MetadataPairs = Annotated[
     dict[
-        Annotated[str, StringConstraints(max_length=METADATA_KEY_CHARS)],
-        Annotated[str, StringConstraints(max_length=METADATA_VALUE_CHARS)],
-    ]
-    | None,
+        Annotated[str, StringConstraints(max_length=METADATA_KEY_CHARS, pattern=NO_NUL)],
+        Annotated[str, StringConstraints(max_length=METADATA_VALUE_CHARS, pattern=NO_NUL)],
+    ],
     Field(max_length=METADATA_PAIRS, description="Up to 16 string pairs (OpenAI's metadata)"),
 ]
+Metadata = Annotated[MetadataPairs | None, Field(description="Up to 16 string pairs (OpenAI's metadata)")]
 
 
 class ApiObject(BaseModel):
@@ -234,7 +244,7 @@ class ExpiresAfter(ApiObject):
     """OpenAI's expiration policy: the file is gone `seconds` (an hour to 30 days) after it is created."""
 
     anchor: Literal["created_at"]
-    seconds: int = Field(ge=3600, le=2_592_000)
+    seconds: Integer = Field(ge=3600, le=2_592_000)
 
 
 class BatchCreate(ApiObject):
@@ -242,7 +252,7 @@ class BatchCreate(ApiObject):
 
     model_config = ConfigDict(extra="allow")  # OpenAI's other parameters are ignored
 
-    input_file_id: str
+    input_file_id: IdRef
     endpoint: Literal[BATCH_ENDPOINTS]
     completion_window: Literal[COMPLETION_WINDOWS]
     metadata: Metadata = None
@@ -252,7 +262,7 @@ class BatchCreate(ApiObject):
         description="pagedbatch's option: `fail` (OpenAI's behaviour) fails a file with any invalid line at "
         "validation; `skip` runs the valid lines and reports the others in the error file",
     )
-    priority: int = Field(
+    priority: Integer = Field(
         0,
         ge=MIN_PRIORITY,
         le=MAX_PRIORITY,

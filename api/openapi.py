@@ -1,34 +1,27 @@
 """The OpenAPI 3.1 document served at /openapi.json.
 
-`components.schemas` is generated from the pydantic models in api.objects, the same ones the
-serializers fill, so a documented shape cannot drift from the JSON sent. A test checks the paths
-against the app's routes.
+Every schema in it is generated from the pydantic declarations the server validates with and serializes
+from (api.openapi_schemas): the objects sent (api.objects), the JSON bodies, query parameters and forms
+accepted (api.objects.BatchCreate, api.inputs), so a published constraint is an enforced one. `model`
+lists the models this deployment serves. Links lead from each create to the operations on what it made
+(client generators and schemathesis' stateful tests follow them). A test checks the paths against the
+app's routes.
 """
 
 from __future__ import annotations
 
 import functools
 
-from pydantic.json_schema import GenerateJsonSchema, models_json_schema
-
-from api.objects import METADATA_PAIRS, REQUEST_OBJECTS, RESPONSE_OBJECTS
-from store.models import INVALID_LINE_POLICIES, JOB_STATUSES, MAX_PRIORITY, MIN_PRIORITY
-
-
-class _ComponentSchema(GenerateJsonSchema):
-    """pydantic's JSON schema without a title on every property (the property name says it)."""
-
-    def field_title_should_be_set(self, schema) -> bool:
-        return False
-
-
-def component_schemas() -> dict:
-    """Every API object's JSON schema by name, with refs under #/components/schemas/."""
-    models = [(m, "serialization") for m in RESPONSE_OBJECTS] + [(m, "validation") for m in REQUEST_OBJECTS]
-    _, schemas = models_json_schema(
-        models, ref_template="#/components/schemas/{model}", schema_generator=_ComponentSchema
-    )
-    return schemas["$defs"]
+from api.inputs import (
+    BatchListQuery,
+    FileListQuery,
+    FileUpload,
+    JobListQuery,
+    JobOptions,
+    JobUpload,
+    ResultsQuery,
+)
+from api.openapi_schemas import component_schemas, multipart_body, path_id, query_parameters
 
 
 def _ref(name: str) -> dict:
@@ -46,25 +39,17 @@ def _error(status: str, description: str) -> dict:
     return response
 
 
-def _operation(summary: str, ok: tuple[str, dict], errors: dict[str, str], **fields) -> dict:
+def _operation(op_id: str, summary: str, ok: tuple[str, dict], errors: dict[str, str], **fields) -> dict:
     """One operation: its success response, its error responses (status: description) and any
     other OpenAPI operation fields (parameters, requestBody, security, description)."""
     responses = {ok[0]: ok[1], **{status: _error(status, text) for status, text in errors.items()}}
-    return {"summary": summary, **fields, "responses": responses}
+    return {"operationId": op_id, "summary": summary, **fields, "responses": responses}
 
 
-def _path_id(name: str, description: str) -> dict:
-    return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}, "description": description}
-
-
-def _query(name: str, schema: dict, description: str | None = None) -> dict:
-    param = {"name": name, "in": "query", "schema": schema}
-    return {**param, "description": description} if description else param
-
-
-def _multipart(required: list[str], properties: dict) -> dict:
-    schema = {"type": "object", "required": required, "properties": properties}
-    return {"required": True, "content": {"multipart/form-data": {"schema": schema}}}
+def _links(response: dict, targets: dict[str, str], **extra: dict) -> dict:
+    """`response` with OpenAPI links: operationId -> the path parameter filled with the created object's id."""
+    links = {op: {"operationId": op, "parameters": {param: "$response.body#/id"}} for op, param in targets.items()}
+    return {**response, "links": {**links, **extra}}
 
 
 PUBLIC = {"security": []}
@@ -73,88 +58,69 @@ ERRORS = {**AUTH, "400": "Invalid request", "404": "Not found (or another tenant
 TOO_LARGE = {"413": "Too many bytes or lines"}
 LIMITED = {"429": "Over the tenant's limit of active jobs or queued requests"}
 
-JOB_ID = _path_id("job_id", "A job id (batch_...)")
-BATCH_ID = _path_id("batch_id", "A batch id (batch_...)")
-FILE_ID = _path_id("file_id", "A file id (file-...)")
-AFTER = _query("after", {"type": "string"}, "Cursor: the id of the last object of the previous page")
-
-
-def _limit(default: int, maximum: int) -> dict:
-    return _query("limit", {"type": "integer", "minimum": 1, "maximum": maximum, "default": default})
-
-
-JSONL_FILE = {"type": "string", "format": "binary", "description": "JSONL, one OpenAI batch request a line"}
+JOB_ID = path_id("job_id", "A job id (batch_...)")
+BATCH_ID = path_id("batch_id", "A batch id (batch_...)")
+FILE_ID = path_id("file_id", "A file id (file-...)")
 JSONL = {"application/x-ndjson": {"schema": {"type": "string"}}}
 PROMETHEUS_TEXT = {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}
 PARQUET = {"application/vnd.apache.parquet": {"schema": {"type": "string", "format": "binary"}}}
+JOB_LINKS = {"getJob": "job_id", "cancelJob": "job_id", "getJobResults": "job_id", "getJobErrors": "job_id",
+             "getBatch": "batch_id"}  # fmt: skip
+BATCH_LINKS = {"getBatch": "batch_id", "cancelBatch": "batch_id", "getJob": "job_id"}
+FILE_LINKS = {"getFile": "file_id", "getFileContent": "file_id", "deleteFile": "file_id"}
 
 
 def _meta_paths() -> dict:
     any_object = ("200", _json({"type": "object"}))
     return {
-        "/openapi.json": {"get": _operation("This document", any_object, {}, **PUBLIC)},
-        "/healthz": {"get": _operation("Liveness and database check", any_object, {}, **PUBLIC)},
-        "/metrics": {"get": _operation("Prometheus metrics", ("200", PROMETHEUS_TEXT), {}, **PUBLIC)},
+        "/openapi.json": {"get": _operation("getOpenapi", "This document", any_object, {}, **PUBLIC)},
+        "/healthz": {"get": _operation("getHealth", "Liveness and database check", any_object, {}, **PUBLIC)},
+        "/metrics": {"get": _operation("getMetrics", "Prometheus metrics", ("200", PROMETHEUS_TEXT), {}, **PUBLIC)},
         "/v1/models": {
-            "get": _operation("Models this deployment serves", ("200", _json(_ref("ModelList"))), AUTH)
+            "get": _operation("listModels", "Models this deployment serves", ("200", _json(_ref("ModelList"))), AUTH)
         },
     }
 
 
-INVALID_LINES = {"type": "string", "enum": list(INVALID_LINE_POLICIES)}
-PRIORITY = {"type": "integer", "minimum": MIN_PRIORITY, "maximum": MAX_PRIORITY, "default": 0,
-            "description": "lower is served first, among the tenant's jobs (vLLM's meaning)"}  # fmt: skip
-
-
-def _create_job() -> dict:
-    raw_body = "With a raw body: "
-    body = _multipart(
-        ["file", "model"],
-        {
-            "file": JSONL_FILE,
-            "model": {"type": "string"},
-            "defaults": {"type": "string", "description": "JSON object"},
-            "metadata": {"type": "string", "description": "JSON object of string pairs"},
-            "on_invalid_lines": INVALID_LINES,
-            "priority": PRIORITY,
-        },
-    )
-    body["content"]["application/x-ndjson"] = {"schema": JSONL_FILE}
+def _create_job(models: tuple[str, ...]) -> dict:
+    model = {"type": "string", "enum": list(models)} if models else query_parameters(JobOptions)[0]["schema"]
     return _operation(
+        "createJob",
         "Create a job from a JSONL upload",
-        ("201", _json(_ref("Job"), "Created")),
+        ("201", _links(_json(_ref("Job"), "Created"), JOB_LINKS)),
         {**ERRORS, **LIMITED, **TOO_LARGE, "415": "Unsupported content type"},
         description="Answers at once, `validating`; each line is then validated in the background and the "
         "valid ones start running while the rest is read. Bad lines become errors with their line numbers "
-        "(`on_invalid_lines=fail`: the job fails instead). A job whose every line is bad fails.",
-        parameters=[
-            _query("model", {"type": "string"}, raw_body + "the model serving every line"),
-            _query("defaults", {"type": "string"}, raw_body + "JSON object of default body fields"),
-            _query("metadata", {"type": "string"}, raw_body + f"JSON object of up to {METADATA_PAIRS} string pairs"),
-            _query("on_invalid_lines", INVALID_LINES, raw_body + "skip (the default) or fail"),
-            _query("priority", PRIORITY, raw_body + "the job's priority"),
-        ],
-        requestBody=body,
+        "(`on_invalid_lines=fail`: the job fails instead). A job whose every line is bad fails. The options "
+        "go as form fields beside the file. The JSONL may also be the whole body (`Content-Type: "
+        "application/x-ndjson`), with the same options as query parameters (`model` required; `defaults` "
+        "and `metadata` as JSON text); with a multipart body, query parameters are checked but not used. "
+        "`defaults` nests at most 32 levels.",
+        requestBody=multipart_body(JobUpload, model=model),
     )
 
 
-def _job_paths() -> dict:
+def _job_paths(models: tuple[str, ...]) -> dict:
     job = ("200", _json(_ref("Job")))
     return {
         "/v1/jobs": {
-            "post": _create_job(),
+            "post": _create_job(models),
             "get": _operation(
+                "listJobs",
                 "List jobs, newest first",
                 ("200", _json(_ref("JobList"))),
                 ERRORS,
-                parameters=[_query("status", {"enum": list(JOB_STATUSES)}), _limit(20, 100), AFTER],
+                parameters=query_parameters(JobListQuery),
             ),
         },
         "/v1/jobs/{job_id}": {
-            "get": _operation("A job's status, counts, usage and progress", job, ERRORS, parameters=[JOB_ID])
+            "get": _operation(
+                "getJob", "A job's status, counts, usage and progress", job, ERRORS, parameters=[JOB_ID]
+            )
         },
         "/v1/jobs/{job_id}/cancel": {
             "post": _operation(
+                "cancelJob",
                 "Cancel a job; what finished stays downloadable",
                 job,
                 {**ERRORS, "409": "The job already finished"},
@@ -163,14 +129,16 @@ def _job_paths() -> dict:
         },
         "/v1/jobs/{job_id}/results": {
             "get": _operation(
+                "getJobResults",
                 "The job's results: Parquet, or OpenAI output lines with ?format=jsonl",
                 ("200", {"description": "The results", "content": {**PARQUET, **JSONL}}),
                 {**ERRORS, "409": "The job has not finished"},
-                parameters=[JOB_ID, _query("format", {"enum": ["parquet", "jsonl"], "default": "parquet"})],
+                parameters=[JOB_ID, *query_parameters(ResultsQuery)],
             )
         },
         "/v1/jobs/{job_id}/errors": {
             "get": _operation(
+                "getJobErrors",
                 "OpenAI-style error lines (validation errors at once, all errors when finished)",
                 ("200", {"description": "Error lines", "content": JSONL}),
                 ERRORS,
@@ -182,38 +150,31 @@ def _job_paths() -> dict:
 
 def _file_paths() -> dict:
     file = ("200", _json(_ref("File")))
+    create_batch = {"operationId": "createBatch", "requestBody": {"input_file_id": "$response.body#/id"}}
     return {
         "/v1/files": {
             "post": _operation(
+                "createFile",
                 "Upload a batch input file (OpenAI)",
-                file,
+                ("200", _links(file[1], FILE_LINKS, createBatch=create_batch)),
                 {**ERRORS, **TOO_LARGE},
-                description="Held to the tenant's file quota (count and bytes); DELETE frees it.",
-                requestBody=_multipart(
-                    ["file", "purpose"],
-                    {
-                        "file": JSONL_FILE,
-                        "purpose": {"const": "batch"},
-                        "expires_after[anchor]": {"const": "created_at"},
-                        "expires_after[seconds]": {"type": "integer", "minimum": 3600, "maximum": 2592000},
-                    },
-                ),
+                description="Held to the tenant's file quota (count and bytes); DELETE frees it. `expires_after` "
+                "is a JSON part, or the form fields `expires_after[anchor]` and `expires_after[seconds]` that "
+                "OpenAI's clients send.",
+                requestBody=multipart_body(FileUpload),
             ),
             "get": _operation(
+                "listFiles",
                 "List files (OpenAI)",
                 ("200", _json(_ref("FileList"))),
                 ERRORS,
-                parameters=[
-                    _query("purpose", {"type": "string"}),
-                    _limit(10_000, 10_000),
-                    AFTER,
-                    _query("order", {"enum": ["asc", "desc"], "default": "desc"}, "By created_at"),
-                ],
+                parameters=query_parameters(FileListQuery),
             ),
         },
         "/v1/files/{file_id}": {
-            "get": _operation("A file (OpenAI)", file, ERRORS, parameters=[FILE_ID]),
+            "get": _operation("getFile", "A file (OpenAI)", file, ERRORS, parameters=[FILE_ID]),
             "delete": _operation(
+                "deleteFile",
                 "Delete a file and its content (OpenAI)",
                 ("200", _json(_ref("FileDeleted"))),
                 {**ERRORS, "409": "The file is the input of a batch that has not finished"},
@@ -222,6 +183,7 @@ def _file_paths() -> dict:
         },
         "/v1/files/{file_id}/content": {
             "get": _operation(
+                "getFileContent",
                 "A file's content (OpenAI)",
                 ("200", {"description": "The file", "content": {"application/jsonl": {"schema": {"type": "string"}}}}),
                 ERRORS,
@@ -237,21 +199,26 @@ def _batch_paths() -> dict:
     return {
         "/v1/batches": {
             "post": _operation(
+                "createBatch",
                 "Create a batch from an uploaded file (OpenAI)",
-                batch,
+                ("200", _links(batch[1], BATCH_LINKS)),
                 {**ERRORS, **LIMITED, "413": "Body over 64 KiB"},
                 requestBody=create_body,
             ),
             "get": _operation(
+                "listBatches",
                 "List batches, newest first (OpenAI)",
                 ("200", _json(_ref("BatchList"))),
                 ERRORS,
-                parameters=[_limit(20, 100), AFTER],
+                parameters=query_parameters(BatchListQuery),
             ),
         },
-        "/v1/batches/{batch_id}": {"get": _operation("A batch (OpenAI)", batch, ERRORS, parameters=[BATCH_ID])},
+        "/v1/batches/{batch_id}": {
+            "get": _operation("getBatch", "A batch (OpenAI)", batch, ERRORS, parameters=[BATCH_ID])
+        },
         "/v1/batches/{batch_id}/cancel": {
             "post": _operation(
+                "cancelBatch",
                 "Cancel a batch (OpenAI)",
                 batch,
                 {**ERRORS, "409": "The batch already finished"},
@@ -261,8 +228,9 @@ def _batch_paths() -> dict:
     }
 
 
-@functools.cache
-def openapi_document() -> dict:
+@functools.lru_cache(maxsize=16)
+def openapi_document(models: tuple[str, ...] = ()) -> dict:
+    """The document for a deployment serving `models` (the values `model` may take)."""
     return {
         "openapi": "3.1.0",
         "info": {
@@ -270,7 +238,7 @@ def openapi_document() -> dict:
             "version": "0.1.0",
             "description": "Batch inference: a native jobs API and an OpenAI Batch-compatible API.",
         },
-        "paths": {**_meta_paths(), **_job_paths(), **_file_paths(), **_batch_paths()},
+        "paths": {**_meta_paths(), **_job_paths(models), **_file_paths(), **_batch_paths()},
         "components": {
             "schemas": component_schemas(),
             "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer", "description": "An API key (pb-...)"}},

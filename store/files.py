@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from batchfile.lines import LineCounter
 from store import ids
 from store.db import session_scope
-from store.errors import Conflict, NotFound, StoreError, TooLarge
+from store.errors import Conflict, NotFound, TooLarge
 from store.limits import QuotaExceeded, check_file_quota, check_job_room, upload_room
 from store.models import ACTIVE_STATUSES, File, Job, utcnow
 from store.pagination import page
@@ -41,7 +41,9 @@ def store_upload(
     key = file_key(file_id)
     storage = get_storage(settings.storage_url)
     with storage.open_write(key) as out:
-        size, lines = _copy_within_limits(settings, chunks, out, room)
+        size, lines, cr_only = _copy_within_limits(settings, chunks, out, room)
+    if cr_only:
+        lines = _end_lines_with_line_feeds(settings, storage, key)
     now = utcnow()
     record = File(
         id=file_id,
@@ -75,8 +77,9 @@ def check_upload_allowed(settings: Settings, tenant: str, *, for_job: bool = Fal
 
 def _copy_within_limits(
     settings: Settings, chunks: Iterable[bytes], out: IO[bytes], room: int | None
-) -> tuple[int, int]:
-    """Copy the chunks to `out` until a limit is passed; returns (bytes, non-blank lines)."""
+) -> tuple[int, int, bool]:
+    """Copy the chunks to `out` until a limit is passed; returns (bytes, non-blank lines, whether its lines
+    end with carriage returns alone)."""
     size = 0
     counter = LineCounter()
     for chunk in chunks:
@@ -92,15 +95,27 @@ def _copy_within_limits(
         out.write(chunk)
     if counter.finish() > settings.max_lines:
         raise _too_many_lines(settings)
-    if counter.cr_only:
-        raise StoreError(CR_ONLY_MESSAGE, param="file")
-    return size, counter.lines
+    return size, counter.lines, counter.cr_only
 
 
-CR_ONLY_MESSAGE = (
-    "the file separates its lines by carriage returns alone; lines must end with LF or CRLF "
-    "(CR-only line endings are not supported)"
-)
+def _end_lines_with_line_feeds(settings: Settings, storage, key: str) -> int:
+    """A stored upload whose lines end with carriage returns alone (no line feed anywhere), rewritten
+    with line feeds in their place, as universal newlines read it (same size); returns its non-blank
+    lines. Past max_lines it is deleted and TooLarge (413)."""
+    counter = LineCounter()
+    try:
+        with storage.open_read(key) as src, storage.open_write(key) as out:
+            while chunk := src.read(1 << 20):
+                chunk = chunk.replace(b"\r", b"\n")
+                if counter.feed(chunk) > settings.max_lines:
+                    raise _too_many_lines(settings)
+                out.write(chunk)
+        if counter.finish() > settings.max_lines:
+            raise _too_many_lines(settings)
+    except BaseException:
+        storage.delete(key)
+        raise
+    return counter.lines
 
 
 def _too_many_lines(settings: Settings) -> TooLarge:

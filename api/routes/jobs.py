@@ -6,21 +6,15 @@ from flask import Blueprint, jsonify, request
 
 from api.auth import current_tenant
 from api.errors import ApiError
+from api.inputs import JobListQuery, JobOptions, ResultsQuery
 from api.objects import JobList
 from api.platform import settings, validate_in_background
-from api.routes.params import (
-    invalid_lines_param,
-    json_param,
-    limit_param,
-    metadata_param,
-    priority_param,
-    reject_nul_bytes,
-)
+from api.routes.params import declared, priority_param, query, reject_nul_bytes
 from api.routes.responses import cached_job_body, send_fs, send_lines, send_object, send_stored
 from api.routes.uploads import check_content_length, upload_chunks, upload_filename
 from api.serializers import job_object, page
 from store import cancel, files, jobs
-from store.models import JOB_STATUSES, TERMINAL_STATUSES
+from store.models import TERMINAL_STATUSES
 from store.paths import errors_key, output_key
 from store.progress import job_progress
 from store.results.parts import results_store
@@ -53,24 +47,23 @@ def create_job():
         chunks, filename = upload_chunks(request.stream), "input.jsonl"
     else:
         raise ApiError(415, "send the JSONL as multipart/form-data (field 'file') or as application/x-ndjson")
-    model = fields.get("model") or request.args.get("model")
-    if not model:
+    for source in (request.args, fields):
+        priority_param(source.get("priority"))  # its own message: what the value means
+    # a multipart body's options are its form fields; query parameters (a raw body's) are checked all the same
+    query_options = declared(JobOptions, request.args)
+    options = declared(JobOptions, fields) if fields is not request.args else query_options
+    if "model" not in options:
         raise ApiError(400, "model is required", param="model")
-    defaults = json_param(fields.get("defaults") or request.args.get("defaults"), "defaults")
-    metadata = metadata_param(fields.get("metadata") or request.args.get("metadata"))
-    # the native API runs the valid lines and reports the others; "fail" fails the job as OpenAI does
-    on_invalid = invalid_lines_param(fields.get("on_invalid_lines") or request.args.get("on_invalid_lines"), "skip")
-    priority = priority_param(fields.get("priority") or request.args.get("priority"))
     input_file = files.store_upload(cfg, chunks, tenant=tenant, filename=filename, purpose="batch", for_job=True)
     job, owner = jobs.create_job(
         cfg,
         input_file,
         tenant=tenant,
-        model=model,
-        defaults=defaults,
-        metadata=metadata,
-        on_invalid_lines=on_invalid,
-        priority=priority,
+        model=options["model"],
+        defaults=options.get("defaults"),
+        metadata=options.get("metadata"),
+        on_invalid_lines=options.get("on_invalid_lines", "skip"),  # the native API runs the valid lines
+        priority=options.get("priority", 0),
     )
     validate_in_background(job.id, owner)
     return send_object(_job(job), 201)
@@ -78,11 +71,9 @@ def create_job():
 
 @bp.get("/v1/jobs")
 def list_jobs():
-    status = request.args.get("status") or None
-    if status is not None and status not in JOB_STATUSES:
-        raise ApiError(400, f"status must be one of {', '.join(JOB_STATUSES)}", param="status")
+    params = query(JobListQuery)
     found, has_more = jobs.list_jobs(
-        settings(), current_tenant(), status=status, limit=limit_param(), after=request.args.get("after")
+        settings(), current_tenant(), status=params.status, limit=params.limit, after=params.after
     )
     return send_object(page(JobList, [_job(job) for job in found], has_more))
 
@@ -100,10 +91,8 @@ def cancel_job(job_id: str):
 @bp.get("/v1/jobs/<job_id>/results")
 def get_results(job_id: str):
     """Parquet by default; ?format=jsonl for OpenAI-style output lines."""
+    fmt = query(ResultsQuery).format
     job = jobs.get_job(settings(), current_tenant(), job_id)
-    fmt = request.args.get("format", "parquet")
-    if fmt not in ("parquet", "jsonl"):
-        raise ApiError(400, "format must be parquet or jsonl", param="format")
     if job.status not in TERMINAL_STATUSES:
         raise ApiError(409, f"job {job_id} is {job.status}; results are ready when it finishes", code="not_ready")
     if fmt == "parquet":

@@ -18,7 +18,7 @@ bp = Blueprint("meta", __name__)
 
 @bp.get("/openapi.json")
 def openapi():
-    return jsonify(openapi_document())
+    return jsonify(openapi_document(tuple(sorted(models_registry.model_paths(settings())))))
 
 
 @bp.get("/healthz")

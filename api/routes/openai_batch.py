@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 from flask import Blueprint, jsonify, request
+from pydantic import ValidationError
 
 from api.auth import current_tenant
 from api.errors import ApiError
-from api.objects import BATCH_ENDPOINTS, COMPLETION_WINDOWS, BatchList, FileDeleted, FileList
+from api.inputs import BatchListQuery, FileListQuery, FileUpload
+from api.objects import BATCH_ENDPOINTS, COMPLETION_WINDOWS, BatchCreate, BatchList, FileDeleted, FileList
 from api.platform import settings, validate_in_background
 from api.routes.params import (
+    declared,
     expires_after_param,
     expires_after_value,
+    invalid,
     invalid_lines_param,
-    limit_param,
     metadata_param,
-    order_param,
     parse_json,
     priority_param,
+    query,
     reject_nul_bytes,
 )
 from api.routes.responses import cached_job_body, send_object, send_stored
@@ -47,6 +50,7 @@ def create_file():
     if purpose != "batch":
         raise ApiError(400, "only purpose 'batch' is supported", param="purpose")
     expires_after = expires_after_param(request.form)
+    declared(FileUpload, request.form)  # what the document publishes, exactly (the JSON part expires_after)
     record = files.store_upload(
         settings(),
         upload_chunks(upload.stream),
@@ -60,13 +64,14 @@ def create_file():
 
 @bp.get("/v1/files")
 def list_files():
+    params = query(FileListQuery)
     records, has_more = files.list_files(
         settings(),
         current_tenant(),
-        purpose=request.args.get("purpose") or None,
-        limit=limit_param(default=10_000, maximum=10_000),  # OpenAI's default and maximum
-        after=request.args.get("after"),
-        ascending=order_param() == "asc",
+        purpose=params.purpose or None,
+        limit=params.limit,
+        after=params.after,
+        ascending=params.order == "asc",
     )
     return send_object(page(FileList, [file_object(r) for r in records], has_more))
 
@@ -108,7 +113,7 @@ def _batch_request() -> dict:
     window = body.get("completion_window")
     if window not in COMPLETION_WINDOWS:
         raise ApiError(400, "completion_window must be '24h'", param="completion_window")
-    return {
+    fields = {
         "input_file_id": input_file_id,
         "endpoint": endpoint,
         "completion_window": window,
@@ -119,6 +124,11 @@ def _batch_request() -> dict:
         # pagedbatch's extension (the openai client sends it with extra_body): lower first, within the tenant
         "priority": priority_param(body.get("priority")),
     }
+    try:  # the declaration the document publishes has the last word
+        BatchCreate.model_validate(body, strict=True)
+    except ValidationError as exc:
+        raise invalid(exc) from None
+    return fields
 
 
 @bp.post("/v1/batches")
@@ -138,7 +148,8 @@ def create_batch():
 
 @bp.get("/v1/batches")
 def list_batches():
-    found, has_more = jobs.list_jobs(settings(), current_tenant(), limit=limit_param(), after=request.args.get("after"))
+    params = query(BatchListQuery)
+    found, has_more = jobs.list_jobs(settings(), current_tenant(), limit=params.limit, after=params.after)
     return send_object(page(BatchList, [_batch(job) for job in found], has_more))
 
 

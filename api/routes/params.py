@@ -2,17 +2,68 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
+from collections.abc import Mapping
+from typing import Annotated
 
 from flask import request
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from api.errors import ApiError
+from api.inputs import JSON_PARTS
 from api.objects import METADATA_KEY_CHARS, METADATA_PAIRS, METADATA_VALUE_CHARS
 from store.models import INVALID_LINE_POLICIES, MAX_PRIORITY, MIN_PRIORITY
 
 MAX_PARAM_DEPTH = 32  # nesting of a JSON parameter (defaults); deeper is a 400, never a RecursionError
+INTEGER = re.compile(r"-?\d{1,18}(?:\.0+)?")  # an integer parameter's text: 3 or 3.0, no "+", no spaces
+
+
+def declared(model: type[BaseModel], source: Mapping[str, str]) -> dict:
+    """The fields of `model` (api.inputs) that `source` (query arguments or form fields) holds, each
+    checked against its declaration, the one the OpenAPI document publishes: integers from their digits,
+    JSON parts parsed. A 400 names the first bad one; absent fields are left out."""
+    values = {}
+    for name, field in model.model_fields.items():
+        if name not in source:
+            continue
+        raw = source[name]
+        if name in JSON_PARTS:
+            value = parse_json(raw, name, name)
+            _check_json_value(value, name)
+        elif field.annotation is int and INTEGER.fullmatch(raw):
+            value = int(raw.partition(".")[0])
+        else:
+            value = raw
+        values[name] = checked(model, name, value)
+    return values
+
+
+@functools.cache
+def _adapter(model: type[BaseModel], name: str) -> TypeAdapter:
+    field = model.model_fields[name]
+    return TypeAdapter(Annotated[field.annotation, field])
+
+
+def checked(model: type[BaseModel], name: str, value):
+    """`value` as `model`'s field `name` declares it (strictly: no string for a number), or a 400."""
+    try:
+        return _adapter(model, name).validate_python(value, strict=True)
+    except ValidationError as exc:
+        raise invalid(exc, name) from None
+
+
+def invalid(exc: ValidationError, prefix: str | None = None) -> ApiError:
+    """A 400 for pydantic's first error, naming the parameter (dotted into objects)."""
+    error = exc.errors(include_url=False)[0]
+    param = ".".join([*([prefix] if prefix else []), *(str(p) for p in error["loc"])])
+    got = error.get("input")
+    shown = f", got {got!r:.40}" if isinstance(got, str | int | float | bool) else ""
+    if error["type"] in ("int_type", "int_parsing", "int_from_float"):
+        return ApiError(400, f"{param} must be an integer{shown}", param=param)
+    return ApiError(400, f"{param or 'the request body'}: {error['msg']}{shown}", param=param or None)
 
 
 def parse_json(text, what: str, param: str | None = None):
@@ -89,7 +140,9 @@ def priority_param(value) -> int:
     integer from MIN_PRIORITY to MAX_PRIORITY, given as a form or query string or a JSON integer; 0 when absent."""
     if value is None or value == "":
         return 0
-    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d{1,12}\s*", value):
+    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d{1,12}(?:\.0+)?\s*", value):
+        value = int(value.strip().partition(".")[0])
+    if isinstance(value, float) and value.is_integer():  # JSON Schema's integer: 3.0 is one
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ApiError(400, f"priority must be an integer, got {value!r:.40}", param="priority")
@@ -106,23 +159,9 @@ def reject_nul_bytes() -> None:
             raise ApiError(400, f"{name} must not contain NUL characters", param=name)
 
 
-def limit_param(default: int = 20, maximum: int = 100) -> int:
-    raw = request.args.get("limit", default)
-    try:
-        limit = int(raw)
-    except (TypeError, ValueError):
-        raise ApiError(400, "limit must be an integer", param="limit") from None
-    if not 1 <= limit <= maximum:
-        raise ApiError(400, f"limit must be between 1 and {maximum}", param="limit")
-    return limit
-
-
-def order_param() -> str:
-    """OpenAI's list `order`: "asc" or "desc" (the default) by created_at."""
-    order = request.args.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise ApiError(400, f"order must be 'asc' or 'desc', got {order!r:.40}", param="order")
-    return order
+def query(model: type[BaseModel]) -> BaseModel:
+    """The request's query parameters as `model` (api.inputs) declares them, defaults filled in."""
+    return model.model_construct(**declared(model, request.args))
 
 
 EXPIRES_MIN_S, EXPIRES_MAX_S = 3600, 30 * 24 * 3600  # OpenAI's range: an hour to 30 days
@@ -154,6 +193,8 @@ def _expires_seconds(anchor, seconds, name: str) -> int | None:
     if anchor != "created_at":
         raise ApiError(400, f"{name}.anchor must be 'created_at'", param=f"{name}.anchor")
     try:
+        if isinstance(seconds, float) and seconds.is_integer():
+            seconds = int(seconds)
         if isinstance(seconds, bool | float):
             raise TypeError
         seconds = int(seconds)
