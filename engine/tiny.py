@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "gemma3-mm", "phi3", "olmo2", "granite",
                  "mistral3")
 
@@ -40,7 +38,8 @@ GEMMA_TEMPLATE = (
     "{{ bos_token }}{% set sys = '' %}{% if messages[0]['role'] == 'system' %}"
     "{% set sys = messages[0]['content'] + '\n\n' %}{% set messages = messages[1:] %}{% endif %}"
     "{% for message in messages %}{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
-    "{{ '<start_of_turn>' + role + '\n' + (sys if loop.first else '') + message['content'] | trim + '<end_of_turn>\n' }}"
+    "{{ '<start_of_turn>' + role + '\n' + (sys if loop.first else '') + message['content'] | trim }}"
+    "{{ '<end_of_turn>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
 )
 PHI3_TEMPLATE = (
@@ -83,8 +82,6 @@ def build_tokenizer(vocab_size: int = 512, arch: str = "llama"):
 
 def tiny_config(arch: str = "llama", **overrides):
     """A `transformers` config of the given architecture, small enough for CPU tests."""
-    import transformers
-
     if arch not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {arch!r}; choose from {ARCHITECTURES}")
     kwargs = dict(
@@ -168,18 +165,20 @@ def _multimodal_config(arch: str, text: dict, overrides: dict):
                                        tie_word_embeddings=text.get("tie_word_embeddings", False))
 
 
-def write_tiny_model(path, arch: str = "llama", seed: int = 0, dtype=torch.float32, **overrides) -> Path:
+def write_tiny_model(path, arch: str = "llama", seed: int = 0, dtype=None, **overrides) -> Path:
     """Create `path` holding config.json, safetensors weights and a tokenizer; returns the path.
 
     Keyword overrides go to the config (e.g. num_key_value_heads=1 for MQA,
     tie_word_embeddings=True, rope_scaling={...}).
     """
+    import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     config = tiny_config(arch, **overrides)
     torch.manual_seed(seed)
+    dtype = dtype or torch.float32
     auto = AutoModelForImageTextToText if arch in ("gemma3-mm", "mistral3") else AutoModelForCausalLM
     model = auto.from_config(config, dtype=dtype)
     text = getattr(config, "text_config", config)

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import sys
 
+from engine.tiny import ARCHITECTURES as TINY_ARCHITECTURES
 from pagedbatch.engine_options import add_engine_options, engine_kwargs
 
 
@@ -42,7 +43,7 @@ def _run(args) -> int:
 def add_commands(commands) -> None:
     tiny = commands.add_parser("tiny-model", help="write a tiny random-weight model directory")
     tiny.add_argument("path")
-    tiny.add_argument("--arch", default="qwen3", choices=["llama", "mistral", "qwen2", "qwen3"])
+    tiny.add_argument("--arch", default="qwen3", choices=TINY_ARCHITECTURES)
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--embedding", action="store_true",
                       help="a sentence-transformers embedding model (no LM head) instead of a causal LM")
