@@ -136,3 +136,29 @@ def test_rope_scalings_match(tiny_model, rope):
     llm = LLM(str(path), max_num_batched_tokens=64)
     assert_same([o.outputs[0].token_ids for o in generate(llm, prompts, max_tokens)],
                 reference(path, "llama", prompts, max_tokens))
+
+
+def test_multimodal_checkpoint_in_transformers_5_layout_loads_alike(tiny_model, tmp_path):
+    """The same Gemma 3 image-text weights under transformers 5's names (`model.language_model.*`,
+    `model.vision_tower.*`) load to the same text model; the vision tower is skipped either way."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    path = tiny_model("gemma3-mm")
+    renamed = tmp_path / "v5"
+    shutil.copytree(path, renamed)
+    tensors = load_file(str(path / "model.safetensors"))
+    v5 = {}
+    for name, tensor in tensors.items():
+        for old, new in (("language_model.model.", "model.language_model."), ("vision_tower.", "model.vision_tower."),
+                         ("multi_modal_projector.", "model.multi_modal_projector.")):
+            if name.startswith(old):
+                name = new + name[len(old):]
+                break
+        v5[name] = tensor
+    assert any(n.startswith("model.vision_tower.") for n in v5) and not any(n.startswith("language_model.") for n in v5)
+    save_file(v5, str(renamed / "model.safetensors"), metadata={"format": "pt"})
+    prompts, max_tokens = make_prompts(seed=6, count=6)
+    expected = [o.outputs[0].token_ids for o in generate(LLM(str(path)), prompts, max_tokens)]
+    assert [o.outputs[0].token_ids for o in generate(LLM(str(renamed)), prompts, max_tokens)] == expected
