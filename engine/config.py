@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from engine.model_families import family_settings, rope_parameters, text_config
 from engine.model_info import context_length, read_config
 
 SUPPORTED_ARCHITECTURES = {
@@ -20,6 +21,14 @@ SUPPORTED_ARCHITECTURES = {
     "MistralModel": "mistral",
     "Qwen2Model": "qwen2",
     "Qwen3Model": "qwen3",
+    # dense families beyond Llama (issue 31): switches of the same decoder (engine/model_families.py)
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",  # the text model; the vision tower is not loaded
+    "Phi3ForCausalLM": "phi3",
+    "Olmo2ForCausalLM": "olmo2",
+    "GraniteForCausalLM": "granite",
+    "Mistral3ForConditionalGeneration": "mistral",  # the text model; the vision tower is not loaded
 }
 
 
@@ -62,6 +71,21 @@ class ModelConfig:
     qk_norm: bool
     eos_token_ids: list[int]
     torch_dtype: str | None
+    # --- dense family switches (issue 31), set by engine.model_families.family_settings ---
+    hidden_act: str = "silu"  # silu | gelu_tanh | gelu
+    layer_windows: tuple = ()  # per layer: its sliding window, or None (full attention); () none at all
+    attn_scale: float | None = None  # None: head_dim ** -0.5
+    attn_softcap: float | None = None  # Gemma 2: scores s -> c * tanh(s / c)
+    final_softcap: float | None = None  # Gemma 2: logits likewise
+    embedding_scale: float | None = None  # Gemma: sqrt(hidden); Granite: embedding_multiplier
+    embedding_scale_in_dtype: bool = False  # Gemma: the scale rounded to the activations' dtype first
+    norm_offset: float = 0.0  # Gemma: RMSNorm weights are (offset + w)
+    norm_layout: str = "pre"  # pre (Llama) | sandwich (Gemma: pre and post norms) | post (OLMo 2)
+    qk_norm_scope: str = "head"  # head (Qwen3, Gemma 3) | all (OLMo 2: over the whole projection)
+    residual_multiplier: float = 1.0  # Granite
+    logits_divisor: float = 1.0  # Granite's logits_scaling
+    rotary_dim: int | None = None  # partial rotary (Phi-3/4); None: head_dim
+    local_rope: dict | None = None  # Gemma 3: the sliding layers' {"rope_theta", "rope_type", ...}
 
     @classmethod
     def load(cls, model: str | Path, max_model_len: int | None = None, revision: str | None = None,
@@ -71,6 +95,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict, path: Path, max_model_len: int | None = None) -> ModelConfig:
+        raw = text_config(raw)
         archs = raw.get("architectures") or []
         arch = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
@@ -80,8 +105,6 @@ class ModelConfig:
             )
         if raw.get("mlp_bias"):
             raise ValueError("models with mlp_bias=True are not supported")
-        if raw.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"unsupported activation {raw['hidden_act']!r}; only silu is supported")
         num_heads = raw["num_attention_heads"]
         hidden = raw["hidden_size"]
         head_dim = raw.get("head_dim") or hidden // num_heads
@@ -104,25 +127,22 @@ class ModelConfig:
             max_model_len=context_length(raw, max_model_len),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=arch == "qwen2" or bool(raw.get("attention_bias", False)),
-            o_bias=arch in ("llama", "mistral") and bool(raw.get("attention_bias", False)),
-            qk_norm=arch == "qwen3",
+            o_bias=arch not in ("qwen2", "qwen3", "phi3") and bool(raw.get("attention_bias", False)),
+            qk_norm=arch in ("qwen3", "gemma3", "olmo2"),
             eos_token_ids=eos_ids,
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+            **family_settings(raw, arch, head_dim),
         )
 
 
 def _rope_settings(raw: dict) -> dict:
-    """rope_theta plus scaling, whether written as `rope_scaling` (transformers 4) or
-    `rope_parameters` (transformers 5). Returns {"rope_theta": ..., **scaling}."""
-    params = dict(raw.get("rope_parameters") or {})
-    scaling = raw.get("rope_scaling") or {}
-    merged = {**scaling, **params}
-    theta = merged.pop("rope_theta", raw.get("rope_theta", 10000.0))
-    kind = merged.pop("rope_type", merged.pop("type", "default"))
-    if kind not in ("default", "llama3"):
-        raise ValueError(f"unsupported rope scaling type {kind!r}; supported: default, llama3")
+    """rope_theta plus scaling (of the full-attention layers), whether written as `rope_scaling`
+    (transformers 4) or `rope_parameters` (transformers 5). Returns {"rope_theta": ..., **scaling}."""
+    merged = rope_parameters(raw)
     merged.pop("partial_rotary_factor", None)
-    return {"rope_theta": theta, **({"rope_type": kind, **merged} if kind != "default" else {})}
+    if merged["rope_type"] == "default":
+        return {"rope_theta": merged["rope_theta"]}
+    return merged
 
 
 @dataclass

@@ -11,6 +11,11 @@ from safetensors import safe_open
 from engine.models.llama import LlamaForCausalLM
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# Multimodal checkpoints (Gemma 3, Mistral 3): the language model's weights under our names (transformers
+# 5 and 4 layouts); the vision tower and projector are not loaded.
+RENAMED_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+                    ("language_model.lm_head.", "lm_head."))
+SKIPPED_PREFIXES = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.", "multi_modal_projector.")
 
 
 def checkpoint_files(path: Path) -> list[Path]:
@@ -33,9 +38,10 @@ def load_weights(model: LlamaForCausalLM, path: Path, lm_head_optional: bool = F
     for file in checkpoint_files(path):
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 - a safetensors handle is not a dict
-                if name.endswith(IGNORED_SUFFIXES):
+                if name.endswith(IGNORED_SUFFIXES) or name.startswith(SKIPPED_PREFIXES):
                     continue
                 tensor_name = name
+                name = _renamed(name)
                 if not name.startswith(("model.", "lm_head.")):
                     name = f"model.{name}"
                 if name == "lm_head.weight" and model.cfg.tie_word_embeddings:
@@ -45,6 +51,8 @@ def load_weights(model: LlamaForCausalLM, path: Path, lm_head_optional: bool = F
                     raise ValueError(f"checkpoint weight {name!r} has no place in the model")
                 param = params[target]
                 tensor = f.get_tensor(tensor_name)
+                if hasattr(model, "checkpoint_tensor"):
+                    tensor = model.checkpoint_tensor(target, tensor)
                 with torch.no_grad():
                     if shard is None:
                         _copy(param, tensor, name)
@@ -59,6 +67,13 @@ def load_weights(model: LlamaForCausalLM, path: Path, lm_head_optional: bool = F
         loaded.add("lm_head.weight")
     _check_complete(model, params, loaded)
     return has_head
+
+
+def _renamed(name: str) -> str:
+    for old, new in RENAMED_PREFIXES:
+        if name.startswith(old):
+            return new + name[len(old):]
+    return name
 
 
 def _target(name: str, model: LlamaForCausalLM) -> tuple[str, tuple[str, int] | None]:
@@ -77,8 +92,8 @@ def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
 def _check_complete(model, params, loaded) -> None:
     missing = []
     for name in params:
-        if name == "lm_head.weight" and model.cfg.tie_word_embeddings:
-            continue
+        if (name == "lm_head.weight" and model.cfg.tie_word_embeddings) or name in loaded:
+            continue  # (a fused weight the checkpoint holds whole, as Phi-3's qkv_proj)
         packed = next((p for p in ("qkv_proj", "gate_up_proj") if f".{p}." in name), None)
         if packed:
             count = len(model.shard_sizes(packed))

@@ -49,8 +49,8 @@ def _text_config(config: Mapping) -> Mapping:
 
 
 def context_length(config: Mapping, max_model_len: int | None = None) -> int:
-    """The longest sequence (prompt plus output) the model takes: `max_position_embeddings`,
-    capped by an active `sliding_window` (attention here never slides) and by sentence-transformers'
+    """The longest sequence (prompt plus output) the model takes: `max_position_embeddings`
+    (a `sliding_window` does not cap it: windowed layers slide), capped by sentence-transformers'
     `max_seq_length` (as vLLM: the length the model was trained to embed), then by `max_model_len`.
 
     A config without `max_position_embeddings` is an error rather than a guess: transformers'
@@ -61,9 +61,6 @@ def context_length(config: Mapping, max_model_len: int | None = None) -> int:
     length = cfg.get("max_position_embeddings")
     if not _positive_int(length):
         raise ValueError("config.json has no usable max_position_embeddings")
-    window = cfg.get("sliding_window")
-    if cfg.get("use_sliding_window", True) and _positive_int(window):
-        length = min(length, window)
     source = ""
     st_length = config.get(MAX_SEQ_LENGTH)
     if st_length is not None:

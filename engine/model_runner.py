@@ -43,6 +43,8 @@ class ModelRunner:
             model = LlamaForCausalLM(model_config, self.ops)
         model.to(dtype=dtype)
         model.cos_sin = model.cos_sin.float()
+        if hasattr(model, "cos_sin_local"):
+            model.cos_sin_local = model.cos_sin_local.float()
         # A pooling runner serves base models (no LM head); generation is then refused.
         self.has_lm_head = load_weights(model, model_config.path, lm_head_optional=config.runner == "pooling")
         if can_pack(device, dtype):

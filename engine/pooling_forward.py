@@ -57,6 +57,8 @@ def supports(model) -> bool:
     layers = getattr(inner, "layers", None)
     if layers is None or not hasattr(inner, "embed_tokens") or not hasattr(inner, "norm"):
         return False
+    if not getattr(model, "plain_llama", True):  # a family's own blocks (windows, sandwich norms, ...)
+        return False
     return all(hasattr(layer, p) for layer in layers for p in _LAYER_PARTS) and all(
         hasattr(layer.self_attn, p) for layer in layers for p in _ATTN_PARTS) and all(
         hasattr(layer.mlp, p) for layer in layers for p in _MLP_PARTS)

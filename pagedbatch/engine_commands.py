@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from engine.tiny import ARCHITECTURES as TINY_ARCHITECTURES
 from pagedbatch.arguments import json_object, model_directory, readable_file, writable_output
 from pagedbatch.engine_options import add_engine_options, engine_kwargs
 from pagedbatch.failures import (
@@ -87,7 +88,7 @@ def _run(args) -> int:
 def add_commands(commands) -> None:
     tiny = commands.add_parser("tiny-model", help="write a tiny random-weight model directory")
     tiny.add_argument("path")
-    tiny.add_argument("--arch", default="qwen3", choices=["llama", "mistral", "qwen2", "qwen3"])
+    tiny.add_argument("--arch", default="qwen3", choices=TINY_ARCHITECTURES)
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--embedding", action="store_true",
                       help="a sentence-transformers embedding model (no LM head) instead of a causal LM")

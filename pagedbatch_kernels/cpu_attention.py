@@ -351,8 +351,14 @@ def _step_plan(block_tables, seq_lens, query_start_loc, block_size: int, heads: 
     return cached[2]
 
 
-def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
-    """`pagedbatch_kernels.reference.paged_attention`'s contract."""
+def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, *,
+                    window: int | None = None, softcap: float | None = None):
+    """`pagedbatch_kernels.reference.paged_attention`'s contract. Sliding-window and soft-capped
+    layers take the reference (its windowed decode reads only the blocks in reach): the native and
+    compiled kernels here have no window bound or cap."""
+    if window or softcap:
+        return reference.paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                                          window=window, softcap=softcap)
     out = torch.empty_like(query)
     heads = (query.shape[1], k_cache.shape[2])
     # the chunks' rows go to the native span kernel where it is the prefixes' choice

@@ -24,34 +24,41 @@ Two kernels share one inner loop (`_attend`, online softmax in fp32 with exp2):
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-
-def _pow2(n: int, minimum: int = 1) -> int:
-    """The smallest power of two >= max(n, minimum): Triton block sizes must be powers of two."""
-    return max(triton.next_power_of_2(max(int(n), 1)), minimum)
-
+from pagedbatch_kernels.attention_grid import (  # noqa: F401 - choose_num_splits: part of this module's API
+    MAX_SPLITS,
+    _block_config,
+    _pow2,
+    _search_steps,
+    choose_num_splits,
+)
 
 LOG2E = 1.4426950408889634
+
+
+def _compiled_for_gpu(t: torch.Tensor) -> bool:
+    """False when the kernels run in Triton's CPU interpreter (tests patch this to check GPU configs)."""
+    return t.is_cuda
 
 
 @triton.jit
 def _attend(
     q, acc, m_i, l_i, q_pos, k_lo, k_hi,
     k_cache_ptr, v_cache_ptr, table_ptr, kv_head,
-    stride_cb, stride_cs, stride_ch, qk_scale,
+    stride_cb, stride_cs, stride_ch, qk_scale, window, cap2,
     CAUSAL: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """Fold keys [k_lo, k_hi) of one sequence into the online-softmax state (acc, m_i, l_i).
 
     q [BLOCK_M, BLOCK_D]; acc [BLOCK_M, BLOCK_D] fp32; m_i (log2 domain), l_i [BLOCK_M] fp32;
-    q_pos [BLOCK_M]: the position of each row's token, used when CAUSAL.
+    q_pos [BLOCK_M]: the position of each row's token, used when CAUSAL (and then, WINDOWED, keys
+    before q_pos - window + 1 are masked); SOFTCAP: scores s become cap * tanh(s / cap), cap2 = cap * log2(e).
     """
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -66,8 +73,12 @@ def _attend(
         k = tl.load(k_cache_ptr + row_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_cache_ptr + row_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
+        if SOFTCAP:  # tanh(x) = 1 - 2 / (exp(2x) + 1), in the log2 domain of the scores
+            qk = cap2 * (1.0 - 2.0 / (tl.exp(2.0 * qk / cap2) + 1.0))
         if CAUSAL:
             keep = n_mask[None, :] & (k_pos[None, :] <= q_pos[:, None])
+            if WINDOWED:
+                keep = keep & (k_pos[None, :] > q_pos[:, None] - window)
         else:
             keep = n_mask[None, :]
         qk = tl.where(keep, qk, float("-inf"))
@@ -85,10 +96,11 @@ def _query_block_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, seq_lens_ptr, qsl_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_table,
     stride_cb, stride_cs, stride_ch,
-    num_seqs, qk_scale,
+    num_seqs, qk_scale, window, cap2,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     SEARCH_STEPS: tl.constexpr, SKIP_DECODES: tl.constexpr, DOT_PRECISION: tl.constexpr, Q_F32: tl.constexpr,
+    WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -133,11 +145,14 @@ def _query_block_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     # Keys past the last token of this block are masked for every row: stop there.
     k_hi = prefix + tl.minimum(q_len, (local_block + 1) * BLOCK_Q)
+    k_lo = k_hi * 0
+    if WINDOWED:  # keys before the first row's window are masked for every row: start there
+        k_lo = tl.maximum(k_lo, prefix + local_block * BLOCK_Q - window + 1)
     acc, m_i, l_i = _attend(
-        q, acc, m_i, l_i, prefix + tok, 0, k_hi,
+        q, acc, m_i, l_i, prefix + tok, k_lo, k_hi,
         k_cache_ptr, v_cache_ptr, tables_ptr + seq.to(tl.int64) * stride_table, kv_head,
-        stride_cb, stride_cs, stride_ch, qk_scale,
-        True, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, DOT_PRECISION,
+        stride_cb, stride_cs, stride_ch, qk_scale, window, cap2,
+        True, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, DOT_PRECISION, WINDOWED, SOFTCAP,
     )
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
@@ -149,10 +164,10 @@ def _split_decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, part_out_ptr, part_m_ptr, part_l_ptr,
     tables_ptr, seq_lens_ptr, qsl_ptr,
     stride_qt, stride_qh, stride_table, stride_cb, stride_cs, stride_ch,
-    num_heads, qk_scale,
+    num_heads, qk_scale, window, cap2,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    Q_F32: tl.constexpr,
+    Q_F32: tl.constexpr, WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -161,8 +176,11 @@ def _split_decode_kernel(
     if tl.load(qsl_ptr + seq + 1) - q_start != 1:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
-    part_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    k_lo = split * part_len
+    first = seq_len * 0
+    if WINDOWED:  # the partitions cover the window only
+        first = tl.maximum(first, seq_len - window)
+    part_len = tl.cdiv(tl.cdiv(seq_len - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    k_lo = first + split * part_len
     k_hi = tl.minimum(seq_len, k_lo + part_len)
 
     offs_m = tl.arange(0, BLOCK_M)
@@ -180,8 +198,8 @@ def _split_decode_kernel(
     acc, m_i, l_i = _attend(
         q, acc, m_i, l_i, offs_m, k_lo, k_hi,
         k_cache_ptr, v_cache_ptr, tables_ptr + seq.to(tl.int64) * stride_table, kv_head,
-        stride_cb, stride_cs, stride_ch, qk_scale,
-        False, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, DOT_PRECISION,
+        stride_cb, stride_cs, stride_ch, qk_scale, window, cap2,
+        False, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, DOT_PRECISION, WINDOWED, SOFTCAP,
     )
     # Partial results are laid out [seq, head, split(, dim)]; an empty split stores l = 0.
     row = (seq.to(tl.int64) * num_heads + head) * NUM_SPLITS + split
@@ -216,52 +234,6 @@ def _merge_splits_kernel(
              out.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 
-MAX_SPLITS = 32
-MIN_SPLIT_TOKENS = 256  # on GPU, a partition shorter than this costs more in merging than it gains
-
-
-@functools.lru_cache(maxsize=8)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, device: torch.device) -> int:
-    """Flash-decoding partitions per decode, from shapes only: enough programs to fill the GPU."""
-    if device.type == "cuda":
-        target = 4 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-        min_tokens = MIN_SPLIT_TOKENS
-    else:  # the interpreter: split only long contexts, so that the path is exercised at all
-        target, min_tokens = 4, 64
-    programs = max(num_seqs * num_kv_heads, 1)
-    return max(1, min(triton.cdiv(target, programs), max_context // min_tokens, MAX_SPLITS))
-
-
-def _compiled_for_gpu(t: torch.Tensor) -> bool:
-    """False when the kernels run in Triton's CPU interpreter (tests patch this to check GPU configs)."""
-    return t.is_cuda
-
-
-def _search_steps(num_seqs: int) -> int:
-    """Binary-search steps over num_seqs, rounded up to a multiple of 4 to bound recompilation."""
-    return -(-num_seqs.bit_length() // 4) * 4
-
-
-def _block_config(
-    head_dim_pad: int, group_pad: int, decode_only: bool, on_gpu: bool, fp32: bool
-) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) for the query-block kernel."""
-    block_n = 64 if head_dim_pad <= 128 else 32
-    if decode_only:
-        return max(16, group_pad), block_n, 4
-    block_m = 128 if head_dim_pad <= 64 else 64 if head_dim_pad <= 128 else 32
-    if fp32:  # twice the registers per element (fp32 is for tests; serving runs bf16)
-        block_m, block_n = block_m // 2, max(block_n // 2, 16)
-    if not on_gpu:
-        block_m = 32  # the interpreter pays per element: keep padding rows few
-    block_m = max(block_m, group_pad)
-    return block_m, block_n, 8 if block_m >= 128 else 4
-
-
 def paged_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -275,6 +247,8 @@ def paged_attention(
     max_seq_len: int | None = None,
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its whole paged context.
 
@@ -286,6 +260,7 @@ def paged_attention(
         (default: the width of block_tables times the block size).
       num_splits: force the flash-decoding partition count (1 disables splitting; at most 32).
       out: preallocated [T, H, D] output (e.g. a CUDA-graph static buffer).
+    `window` and `softcap` as in the reference (a sliding window, soft-capped scores).
     """
     num_tokens, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -317,7 +292,8 @@ def paged_attention(
     num_splits = max(1, min(int(num_splits), MAX_SPLITS))
     split_decodes = num_splits > 1
 
-    common = _Common(group, group_pad, block_d, head_dim, block_size, precision, q_f32, qk_scale, cache_strides)
+    common = _Common(group, group_pad, block_d, head_dim, block_size, precision, q_f32, qk_scale, cache_strides,
+                     int(window or 0), float(softcap or 0.0) * LOG2E)
     if not (split_decodes and max_query_len == 1):
         _launch_query_blocks(query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, common,
                              decode_only=decode_only, on_gpu=on_gpu, skip_decodes=split_decodes)
@@ -339,6 +315,8 @@ class _Common(NamedTuple):
     q_f32: bool
     qk_scale: float
     cache_strides: tuple[int, int, int]
+    window: int  # 0: none
+    cap2: float  # the soft cap times log2(e); 0: none
 
 
 def _launch_query_blocks(query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, c: _Common, *,
@@ -351,11 +329,11 @@ def _launch_query_blocks(query, k_cache, v_cache, out, block_tables, seq_lens, q
         query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         *c.cache_strides,
-        num_seqs, c.qk_scale,
+        num_seqs, c.qk_scale, c.window, c.cap2,
         GROUP=c.group, GROUP_PAD=c.group_pad, BLOCK_Q=block_q, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_D=c.block_d, HEAD_DIM=c.head_dim, BLOCK_SIZE=c.block_size,
         SEARCH_STEPS=_search_steps(num_seqs), SKIP_DECODES=skip_decodes,
-        DOT_PRECISION=c.precision, Q_F32=c.q_f32, num_warps=warps,
+        DOT_PRECISION=c.precision, Q_F32=c.q_f32, WINDOWED=c.window > 0, SOFTCAP=c.cap2 > 0, num_warps=warps,
     )
 
 
@@ -370,10 +348,10 @@ def _launch_split_decode(query, k_cache, v_cache, out, block_tables, seq_lens, q
     _split_decode_kernel[(num_seqs, k_cache.shape[2], num_splits)](
         query, k_cache, v_cache, part_out, part_m, part_l, block_tables, seq_lens, query_start_loc,
         query.stride(0), query.stride(1), block_tables.stride(0), *c.cache_strides,
-        num_heads, c.qk_scale,
+        num_heads, c.qk_scale, c.window, c.cap2,
         GROUP=c.group, BLOCK_M=max(16, c.group_pad), BLOCK_N=block_n, BLOCK_D=c.block_d, HEAD_DIM=c.head_dim,
         BLOCK_SIZE=c.block_size, NUM_SPLITS=num_splits, DOT_PRECISION=c.precision, Q_F32=c.q_f32,
-        num_warps=4,
+        WINDOWED=c.window > 0, SOFTCAP=c.cap2 > 0, num_warps=4,
     )
     _merge_splits_kernel[(num_seqs, num_heads)](
         part_out, part_m, part_l, out, query_start_loc,

@@ -10,7 +10,10 @@ Shapes used throughout:
   query_start_loc [num_seqs + 1] int32: prefix sums of the number of new tokens per sequence
 
 The new tokens of sequence i sit at positions seq_lens[i] - q_len_i .. seq_lens[i] - 1
-and attend causally to everything before them, cached or new.
+and attend causally to everything before them, cached or new. With a `window` W, a token at p
+attends to positions p - W + 1 .. p only (transformers' sliding window), and blocks wholly before
+every new token's window are not read; with `softcap` c, scaled scores s become c * tanh(s / c)
+(Gemma 2) before the mask and the softmax.
 """
 
 from __future__ import annotations
@@ -74,16 +77,64 @@ def _causal_mask(q_len, length, dtype, device):
     return mask
 
 
-def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
-    """Causal attention of each sequence's new tokens over its whole paged context."""
+def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, *,
+                    window: int | None = None, softcap: float | None = None):
+    """Causal attention of each sequence's new tokens over its paged context (or its last `window`
+    positions), scores optionally soft-capped."""
     out = torch.empty_like(query)
     starts = query_start_loc.tolist()
     lengths = seq_lens.tolist()
     decodes = [i for i in range(len(lengths)) if starts[i + 1] - starts[i] == 1]
     if decodes:
-        _decode_attention(query, k_cache, v_cache, block_tables, lengths, starts, decodes, scale, out)
-    prefill_attention(query, k_cache, v_cache, block_tables, lengths, starts, scale, out)
+        _decode_attention(query, k_cache, v_cache, block_tables, lengths, starts, decodes, scale, out,
+                          window=window, softcap=softcap)
+    if window or softcap:
+        banded_prefill_attention(query, k_cache, v_cache, block_tables, lengths, starts, scale, out,
+                                 window=window, softcap=softcap)
+    else:
+        prefill_attention(query, k_cache, v_cache, block_tables, lengths, starts, scale, out)
     return out
+
+
+def first_window_block(length: int, q_len: int, window: int | None, block_size: int) -> int:
+    """The first block that the window of any of a sequence's `q_len` new tokens reaches."""
+    if not window:
+        return 0
+    return max(0, length - q_len - window + 1) // block_size
+
+
+def banded_prefill_attention(query, k_cache, v_cache, block_tables, lengths, starts, scale, out, *,
+                             window=None, softcap=None, seqs=None):
+    """`prefill_attention` with a sliding window and/or soft-capped scores: the blocks from the first
+    one any new token's window reaches, one explicit mask per sequence; soft-capped scores are
+    computed as transformers' eager attention does (matmul, float32 softmax)."""
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = query.shape[1] // num_kv_heads
+    for i in range(len(lengths)) if seqs is None else seqs:
+        length, q_len = lengths[i], starts[i + 1] - starts[i]
+        if q_len <= 1:
+            continue
+        first = first_window_block(length, q_len, window, block_size)
+        offset = first * block_size
+        table = block_tables[i][first:]
+        q = query[starts[i] : starts[i + 1]].transpose(0, 1).unsqueeze(0)
+        k = _gather_context("k", k_cache, table, length - offset).transpose(0, 1).unsqueeze(0).to(q.dtype)
+        v = _gather_context("v", v_cache, table, length - offset).transpose(0, 1).unsqueeze(0).to(q.dtype)
+        q_pos = torch.arange(length - q_len, length, device=q.device)[:, None]
+        k_pos = torch.arange(offset, length, device=q.device)[None, :]
+        keep = k_pos <= q_pos
+        if window:
+            keep &= k_pos > q_pos - window
+        mask = _additive(keep, torch.float32 if softcap else q.dtype)
+        if softcap:
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            scores = torch.matmul(q, k.transpose(-1, -2)).float().mul_(scale)
+            scores = torch.tanh(scores.div_(softcap)).mul_(softcap) + mask
+            o = torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None], scale=scale,
+                                               enable_gqa=group > 1)
+        out[starts[i] : starts[i + 1]] = o[0].transpose(0, 1)
 
 
 def prefill_attention(query, k_cache, v_cache, block_tables, lengths, starts, scale, out, seqs=None):
@@ -114,15 +165,25 @@ def _additive(keep, dtype):
     return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, float("-inf"))
 
 
-def _decode_attention(query, k_cache, v_cache, block_tables, lengths, starts, rows, scale, out):
+def _decode_attention(query, k_cache, v_cache, block_tables, lengths, starts, rows, scale, out, *,
+                      window=None, softcap=None):
     """All single-token queries at once, grouped by shared prefix: sequences whose block tables
     start with the same blocks (a common system prompt, sibling samples) read those blocks once
-    for the whole group, and only their own tails are gathered per sequence, padded and masked."""
+    for the whole group, and only their own tails are gathered per sequence, padded and masked.
+    With a window, each table starts at its window's first block (the blocks before are not read)."""
     block_size = k_cache.shape[1]
     tables = block_tables[torch.tensor(rows, device=block_tables.device)].tolist()
-    for members, shared in shared_prefixes(tables, [lengths[r] for r in rows], block_size):
-        _decode_group(query, k_cache, v_cache, [tables[i] for i in members], [lengths[rows[i]] for i in members],
-                      [starts[rows[i]] for i in members], shared, scale, out)
+    lens = [lengths[r] for r in rows]
+    lows = None
+    if window:
+        firsts = [first_window_block(n, 1, window, block_size) for n in lens]
+        tables = [t[f:] for t, f in zip(tables, firsts)]
+        lens = [n - f * block_size for n, f in zip(lens, firsts)]
+        lows = [max(0, n - window) for n in lens]
+    for members, shared in shared_prefixes(tables, lens, block_size):
+        _decode_group(query, k_cache, v_cache, [tables[i] for i in members], [lens[i] for i in members],
+                      [starts[rows[i]] for i in members], shared, scale, out,
+                      lows=None if lows is None else [lows[i] for i in members], softcap=softcap)
 
 
 def shared_prefixes(tables: list[list[int]], lengths: list[int], block_size: int) -> list[tuple[list[int], int]]:
@@ -149,8 +210,10 @@ def shared_prefixes(tables: list[list[int]], lengths: list[int], block_size: int
     return groups + ([(alone, 0)] if alone else [])
 
 
-def _decode_group(query, k_cache, v_cache, tables, lengths, token_starts, shared, scale, out):
-    """Decode attention of sequences whose first `shared` blocks are the same ones."""
+def _decode_group(query, k_cache, v_cache, tables, lengths, token_starts, shared, scale, out, lows=None,
+                  softcap=None):
+    """Decode attention of sequences whose first `shared` blocks are the same ones (each member's
+    positions before its `lows` entry masked, scores soft-capped at `softcap`)."""
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     device, batch = query.device, len(tables)
     group = query.shape[1] // num_kv_heads
@@ -170,9 +233,7 @@ def _decode_group(query, k_cache, v_cache, tables, lengths, token_starts, shared
     # soft-maxed in float32, as transformers' eager attention does.
     q = query[token_idx].view(batch, num_kv_heads, group, head_dim)
     k, v = tails("k", k_cache), tails("v", v_cache)
-    tail_lens = torch.tensor(lengths, device=device) - prefix
     scores = torch.matmul(q, k.transpose(-1, -2)).float()
-    scores += _additive(torch.arange(tail, device=device)[None, :] < tail_lens[:, None], torch.float32)[:, None, None]
     if prefix:  # the shared blocks once, every member's queries as rows: [kv_heads, B * group, prefix]
         ids = torch.tensor(tables[0][:shared], device=device)
         kp = _gather_blocks("kp", k_cache, ids).view(prefix, num_kv_heads, head_dim).permute(1, 2, 0).to(q.dtype)
@@ -180,7 +241,15 @@ def _decode_group(query, k_cache, v_cache, tables, lengths, token_starts, shared
         qp = q.transpose(0, 1).reshape(num_kv_heads, batch * group, head_dim)
         shared_scores = torch.matmul(qp, kp).float().view(num_kv_heads, batch, group, prefix).transpose(0, 1)
         scores = torch.cat([shared_scores, scores], dim=-1)
-    probs = torch.softmax(scores.mul_(scale), dim=-1).to(v.dtype)
+    scores.mul_(scale)
+    if softcap:
+        scores = torch.tanh(scores.div_(softcap)).mul_(softcap)
+    cols = torch.arange(prefix + tail, device=device)[None, :]
+    keep = cols < torch.tensor(lengths, device=device)[:, None]
+    if lows is not None:
+        keep &= cols >= torch.tensor(lows, device=device)[:, None]
+    scores += _additive(keep, torch.float32)[:, None, None]
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
     o = torch.matmul(probs[..., prefix:], v)
     if prefix:
         pp = probs[..., :prefix].transpose(0, 1).reshape(num_kv_heads, batch * group, prefix)

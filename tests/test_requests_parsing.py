@@ -370,7 +370,7 @@ def test_template_kwargs_may_not_set_apply_chat_template_arguments(limits):
 
 def test_context_length_from_config():
     assert context_length({"max_position_embeddings": 4096}) == 4096
-    assert context_length({"max_position_embeddings": 4096, "sliding_window": 1024}) == 1024
+    assert context_length({"max_position_embeddings": 4096, "sliding_window": 1024}) == 4096  # windows slide
     cfg = {"max_position_embeddings": 4096, "sliding_window": 1024, "use_sliding_window": False}
     assert context_length(cfg) == 4096
     assert context_length({"max_position_embeddings": 4096, "sliding_window": None}) == 4096
@@ -384,7 +384,7 @@ def test_context_length_from_config():
 
 def test_engine_and_validator_agree_on_the_context_length(tmp_path):
     windowed = write_tiny_model(tmp_path / "windowed", arch="mistral", sliding_window=256)
-    assert ModelConfig.load(windowed).max_model_len == ModelLimits.from_dir(windowed).max_model_len == 256
+    assert ModelConfig.load(windowed).max_model_len == ModelLimits.from_dir(windowed).max_model_len == 1024
     missing = write_tiny_model(tmp_path / "missing", arch="llama")
     config = json.loads((missing / "config.json").read_text())
     del config["max_position_embeddings"]
@@ -407,7 +407,7 @@ def test_model_limits_from_dir(limits, tmp_path):
     assert (limits.name, limits.max_model_len, limits.vocab_size) == ("tiny", 1024, 512)
     path = write_tiny_model(tmp_path / "mistral", arch="mistral", sliding_window=256)
     capped = ModelLimits.from_dir(path)
-    assert capped.max_model_len == 256 and capped.name == "mistral"
+    assert capped.max_model_len == 1024 and capped.name == "mistral"  # the window does not cap it
     assert ModelLimits.from_dir(path) is capped  # cached
     assert ModelLimits.from_dir(path, max_model_len=128).max_model_len == 128
     with pytest.raises(ValueError):

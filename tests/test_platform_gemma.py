@@ -1,0 +1,96 @@
+"""A Gemma 3 model end to end through the REST API and a real worker: a chat job's Parquet results hold
+what the offline engine generates for the same conversations."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import secrets
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.tiny import write_tiny_model
+from tests.helpers import REPO, jsonl, spawn, wait_for
+
+GEMMA = "gemma"
+
+
+@pytest.fixture
+def gemma_deployment(platform, tmp_path):
+    """A deployment of its own (database, queues) serving a tiny Gemma 3 image-text checkpoint."""
+    from migrations import upgrade
+    from pagedbatch.embedded import create_database, drop_database
+    from store.db import get_engine
+    from store.keys import create_key
+
+    path = write_tiny_model(tmp_path / "gemma", arch="gemma3-mm")
+    token = secrets.token_hex(4)
+    name = f"pagedbatch_gemma_{token}"
+    create_database(platform.admin_url, name)
+    base, _, query = platform.admin_url.partition("?")
+    settings = dataclasses.replace(
+        platform.settings,
+        database_url=base.rsplit("/", 1)[0] + "/" + name + ("?" + query if query else ""),
+        storage_url=str(tmp_path / "storage"),
+        models={GEMMA: str(path)},
+        queue_prefix=f"pbgemma-{token}",
+        broker_prefix=f"pbgemma-{token}:",
+    )
+    upgrade(settings.database_url)
+    api_key, _ = create_key(settings, settings.default_tenant, name="gemma")
+    yield settings, api_key, path
+    get_engine(settings.database_url).dispose()
+    drop_database(platform.admin_url, name)
+
+
+def _chat(custom_id: str, content: str) -> dict:
+    body = {"model": GEMMA, "messages": [{"role": "system", "content": "Be brief."},
+                                         {"role": "user", "content": content}],
+            "max_tokens": 6, "temperature": 0}
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+
+@pytest.mark.slow
+def test_gemma_chat_job_to_parquet(gemma_deployment, tmp_path):
+    from flask.testing import FlaskClient
+
+    from api.app import create_app
+
+    settings, api_key, path = gemma_deployment
+    log = tmp_path / "worker.log"
+    env = {**os.environ, **settings.to_env(), "PYTHONUNBUFFERED": "1"}
+    proc = spawn([sys.executable, "-m", "pagedbatch", "worker", "--model", f"{GEMMA}={path}", "--concurrency=2",
+                  "--device=cpu"], log, cwd=REPO, env=env)
+    questions = [f"question {i}: how are you today?" * (1 + i % 4) for i in range(10)]  # past the 12-token window
+    try:
+        deadline = time.monotonic() + 120
+        while " ready." not in log.read_text(errors="replace"):
+            assert proc.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(0.2)
+        client = FlaskClient(create_app(settings))
+        client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {api_key}"
+        lines = [_chat(f"g-{i}", q) for i, q in enumerate(questions)]
+        job = client.post(f"/v1/jobs?model={GEMMA}", data=jsonl(lines), content_type="application/x-ndjson")
+        assert job.status_code == 201, job.get_json()
+        job_id = job.get_json()["id"]
+        done = wait_for(lambda: client.get(f"/v1/jobs/{job_id}").get_json(), timeout=180)
+        assert done["status"] == "completed", done
+        assert done["request_counts"]["completed"] == len(questions)
+        table = pq.read_table(io.BytesIO(client.get(f"/v1/jobs/{job_id}/results").data)).to_pylist()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    llm = LLM(str(path))
+    expected = llm.chat([[{"role": "system", "content": "Be brief."}, {"role": "user", "content": q}]
+                         for q in questions], SamplingParams(temperature=0, max_tokens=6), use_tqdm=False)
+    assert [r["custom_id"] for r in table] == [f"g-{i}" for i in range(len(questions))]
+    for row, want in zip(table, expected):
+        assert row["status"] == "completed"
+        assert want.outputs[0].text and json.dumps(want.outputs[0].text)[1:-1] in json.dumps(row, default=str), row
