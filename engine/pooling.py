@@ -137,7 +137,8 @@ def check_pooling_request(engine, ids: list[int], params: PoolingParams, config:
         raise ValueError(f"this model has no classification head: it cannot {params.task} "
                          "(a *ForSequenceClassification model can; an embedding model scores with LLM.score)")
     if params.task not in CLASSIFY_TASKS and classifier:
-        raise ValueError("this model is a classifier (a sequence-classification head): use classify or score, not embed")
+        raise ValueError("this model is a classifier (a sequence-classification head): "
+                         "use classify or score, not embed")
     if params.dimensions is not None:
         config.check_dimensions(params.dimensions, config.dense_output_size or engine.model_config.hidden_size)
     blocks = cdiv(len(ids), engine.config.block_size)

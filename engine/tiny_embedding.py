@@ -76,7 +76,8 @@ def write_sentence_transformers_files(path: Path, hidden_size: int, pooling: str
         if layer["bias"]:
             tensors["linear.bias"] = layer["bias_tensor"].contiguous()
         save_file(tensors, str(folder / "model.safetensors"))
-        modules.append({"idx": idx, "name": str(idx), "path": folder.name, "type": "sentence_transformers.models.Dense"})
+        modules.append({"idx": idx, "name": str(idx), "path": folder.name,
+                        "type": "sentence_transformers.models.Dense"})
     if normalize:
         idx = len(modules)
         modules.append({"idx": idx, "name": str(idx), "path": f"{idx}_Normalize",

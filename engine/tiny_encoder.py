@@ -88,7 +88,8 @@ def write_tiny_encoder(path, family: str = "bert", pooling: str = "mean", normal
     if dense_out:
         dense = [{"in_features": config.hidden_size, "out_features": dense_out, "bias": True,
                   "activation_function": "torch.nn.modules.activation.Tanh",
-                  "weight": torch.randn(dense_out, config.hidden_size) * 0.2, "bias_tensor": torch.randn(dense_out) * 0.1}]
+                  "weight": torch.randn(dense_out, config.hidden_size) * 0.2,
+                  "bias_tensor": torch.randn(dense_out) * 0.1}]
     limit = config.max_position_embeddings - (config.pad_token_id + 1 if family == "xlm-roberta" else 0)
     write_sentence_transformers_files(path, config.hidden_size, pooling, normalize, default_prompt,
                                       max_seq_length or min(limit, 256), dense=dense)
