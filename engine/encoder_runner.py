@@ -12,7 +12,7 @@ from safetensors import safe_open
 
 from engine.block_manager import cdiv
 from engine.config import EngineConfig, resolve_model_path
-from engine.cpu_linear import can_pack, pack_linears, warm_packed_linears
+from engine.cpu_linear import can_pack, pack_linears, padded_rows, warm_packed_linears
 from engine.cpu_malloc import keep_freed_memory
 from engine.encoder_config import EncoderConfig, encoder_architecture
 from engine.loader import checkpoint_files
@@ -87,7 +87,8 @@ class EncoderRunner:
         if device.type == "cpu":
             keep_freed_memory()
         self.model = build_encoder(model_config, device, dtype)
-        if can_pack(device, dtype):
+        self.pad_rows = can_pack(device, dtype)
+        if self.pad_rows:
             pack_linears(self.model)
             warm_packed_linears(self.model, min(config.max_num_batched_tokens, CPU_GROUP_TOKENS))
         self.block_size = config.block_size
@@ -114,7 +115,14 @@ class EncoderRunner:
             ids.extend(seq.token_ids)
             given = getattr(seq.pooling, "token_type_ids", None)
             types.extend(given if given is not None else [0] * len(seq))
-        packed = PackedBatch([len(s) for s in seqs])
+        lengths = [len(s) for s in seqs]
+        if self.pad_rows:  # the linear layers' row padding done once here (a dummy input nothing reads)
+            extra = padded_rows(len(ids)) - len(ids)
+            if extra:
+                ids.extend([0] * extra)
+                types.extend([0] * extra)
+                lengths.append(extra)
+        packed = PackedBatch(lengths).to(self.device)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         token_types = torch.tensor(types, dtype=torch.long, device=self.device)
         hidden = self.model(input_ids, token_types, packed)

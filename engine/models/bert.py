@@ -35,8 +35,7 @@ class BertAttention(nn.Module):
         self.output.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
 
     def forward(self, x, batch: PackedBatch):
-        q, k, v = self.qkv(x).view(-1, 3, self.num_heads, self.head_dim).unbind(1)
-        ctx = packed_attention(q, k, v, batch, self.head_dim**-0.5)
+        ctx = packed_attention(self.qkv(x).view(-1, 3, self.num_heads, self.head_dim), batch, self.head_dim**-0.5)
         return self.output.LayerNorm(x + self.output.dense(ctx))
 
 

@@ -30,9 +30,9 @@ class ModernBertAttention(nn.Module):
         self.Wo = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.attention_bias)
 
     def forward(self, x, cos, sin, batch: PackedBatch):
-        q, k, v = self.Wqkv(x).view(-1, 3, self.num_heads, self.head_dim).unbind(1)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        return self.Wo(packed_attention(q, k, v, batch, self.head_dim**-0.5, self.window))
+        qkv = self.Wqkv(x).view(-1, 3, self.num_heads, self.head_dim)
+        rotate = lambda q, k: (_rotate(q, cos, sin), _rotate(k, cos, sin))  # noqa: E731
+        return self.Wo(packed_attention(qkv, batch, self.head_dim**-0.5, self.window, rotate))
 
 
 class ModernBertMLP(nn.Module):
