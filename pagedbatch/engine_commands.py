@@ -10,11 +10,23 @@ from pagedbatch.engine_options import add_engine_options, engine_kwargs
 
 
 def _tiny_model(args) -> int:
+    if args.encoder:
+        from engine.tiny_encoder import write_tiny_classifier, write_tiny_encoder
+
+        if args.cross_encoder or args.classifier:
+            labels = 1 if args.cross_encoder else args.classifier
+            print(write_tiny_classifier(args.path, args.encoder, num_labels=labels, seed=args.seed))
+        else:
+            print(write_tiny_encoder(args.path, args.encoder, pooling=args.pooling or "mean",
+                                     normalize=not args.no_normalize, seed=args.seed))
+        return 0
+    if args.cross_encoder or args.classifier:
+        raise SystemExit("--cross-encoder and --classifier need --encoder")
     if args.embedding:
         from engine.tiny_embedding import write_tiny_embedding_model
 
         dims = [int(d) for d in args.matryoshka.split(",")] if args.matryoshka else None
-        print(write_tiny_embedding_model(args.path, arch=args.arch, pooling=args.pooling, seed=args.seed,
+        print(write_tiny_embedding_model(args.path, arch=args.arch, pooling=args.pooling or "last", seed=args.seed,
                                          normalize=not args.no_normalize, matryoshka_dimensions=dims))
         return 0
     from engine.tiny import write_tiny_model
@@ -46,7 +58,13 @@ def add_commands(commands) -> None:
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--embedding", action="store_true",
                       help="a sentence-transformers embedding model (no LM head) instead of a causal LM")
-    tiny.add_argument("--pooling", default="last", choices=["last", "mean", "cls"], help="with --embedding")
+    tiny.add_argument("--pooling", default=None, choices=["last", "mean", "cls"],
+                      help="with --embedding (default last) or --encoder (default mean)")
+    tiny.add_argument("--encoder", choices=["bert", "xlm-roberta", "modernbert"],
+                      help="an encoder: a sentence-transformers embedder, or with --cross-encoder / --classifier "
+                      "a sequence-classification model")
+    tiny.add_argument("--cross-encoder", action="store_true", help="with --encoder: one label (scores, reranking)")
+    tiny.add_argument("--classifier", type=int, metavar="LABELS", help="with --encoder: a classifier of LABELS labels")
     tiny.add_argument("--no-normalize", action="store_true", help="with --embedding: no Normalize module")
     tiny.add_argument("--matryoshka", metavar="DIMS", help="with --embedding: Matryoshka sizes, e.g. 16,32,64")
     tiny.set_defaults(func=_tiny_model)

@@ -101,3 +101,14 @@ def test_generative_model_refuses_score_lines(tmp_path):
     rows = _run(tmp_path, model, [_line("s", "/v1/score", {"text_1": "a", "text_2": "b"})])
     assert (rows["s"]["status"], rows["s"]["error_code"]) == ("failed", INVALID_URL)
     assert "generative model" in rows["s"]["error_message"]
+
+
+def test_tiny_model_command_writes_encoders(tmp_path):
+    from pagedbatch.cli import main
+
+    assert main(["tiny-model", str(tmp_path / "e"), "--encoder", "modernbert", "--pooling", "cls"]) == 0
+    assert main(["tiny-model", str(tmp_path / "ce"), "--encoder", "xlm-roberta", "--cross-encoder"]) == 0
+    assert main(["tiny-model", str(tmp_path / "cl"), "--encoder", "bert", "--classifier", "4"]) == 0
+    assert len(LLM(str(tmp_path / "e")).embed(["hi"], use_tqdm=False)[0].outputs.embedding) == 64
+    assert isinstance(LLM(str(tmp_path / "ce")).score("q", ["d"], use_tqdm=False)[0].outputs.score, float)
+    assert LLM(str(tmp_path / "cl")).classify(["hi"], use_tqdm=False)[0].outputs.num_classes == 4
