@@ -23,6 +23,7 @@ ENCODER_ARCHITECTURES = {
     "XLMRobertaForSequenceClassification": ("roberta", True),
     "ModernBertModel": ("modernbert", False),
     "ModernBertForSequenceClassification": ("modernbert", True),
+    "NomicBertModel": ("nomic_bert", False),  # as transformers writes it (not the hub's custom-code layout)
 }
 _ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu")
 
@@ -80,7 +81,7 @@ class EncoderConfig:
         act = raw.get("hidden_activation") or raw.get("hidden_act", "gelu")
         if act not in _ACTIVATIONS:
             raise ValueError(f"unsupported activation {act!r}; supported: {_ACTIVATIONS}")
-        if family != "modernbert" and raw.get("position_embedding_type", "absolute") != "absolute":
+        if family in ("bert", "roberta") and raw.get("position_embedding_type", "absolute") != "absolute":
             raise ValueError(f"position_embedding_type={raw['position_embedding_type']!r} is not supported")
         heads, hidden = raw["num_attention_heads"], raw["hidden_size"]
         pad = raw.get("pad_token_id")
@@ -102,6 +103,13 @@ class EncoderConfig:
         )
         if family == "modernbert":
             cfg._modernbert(raw)
+        if family == "nomic_bert":
+            rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+            if rope.get("rope_type", "default") != "default" or rope.get("partial_rotary_factor", 1.0) != 1.0:
+                raise ValueError(f"NomicBERT rope {rope!r} is not supported (plain rotary only)")
+            cfg.layer_thetas = [rope.get("rope_theta", raw.get("rope_theta", 10000.0))] * cfg.num_layers
+            if raw.get("head_dim") not in (None, cfg.head_dim):
+                raise ValueError("NomicBERT with head_dim other than hidden_size / heads is not supported")
         return cfg
 
     def _modernbert(self, raw: dict) -> None:

@@ -20,6 +20,7 @@ from engine.model_info import read_config
 from engine.models.bert import BertEncoderModel
 from engine.models.encoder_attention import PackedBatch
 from engine.models.modernbert import ModernBertEncoderModel
+from engine.models.nomic_bert import NomicBertEncoderModel
 from engine.scheduler import ScheduledBatch
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,8 @@ def load_encoder_config(model, max_model_len: int | None = None, revision: str |
 
 def build_encoder(cfg: EncoderConfig, device, dtype) -> torch.nn.Module:
     with torch.device(device):
-        model = (ModernBertEncoderModel if cfg.family == "modernbert" else BertEncoderModel)(cfg)
+        families = {"modernbert": ModernBertEncoderModel, "nomic_bert": NomicBertEncoderModel}
+        model = families.get(cfg.family, BertEncoderModel)(cfg)
     model.to(dtype=dtype)
     load_encoder_weights(model, cfg)
     return model.eval()
@@ -47,6 +49,7 @@ def build_encoder(cfg: EncoderConfig, device, dtype) -> torch.nn.Module:
 def load_encoder_weights(model: torch.nn.Module, cfg: EncoderConfig) -> None:
     params = dict(model.named_parameters())
     loaded: set[str] = set()
+    parts_of: dict[str, int] = {}  # a fused parameter's number of checkpoint parts
     for file in checkpoint_files(cfg.path):
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 - a safetensors handle is not a dict
@@ -54,19 +57,24 @@ def load_encoder_weights(model: torch.nn.Module, cfg: EncoderConfig) -> None:
                 if where is None:
                     continue
                 target, shard = where
+                parts = 3
+                if isinstance(shard, tuple):  # (index, of how many parts)
+                    shard, parts = shard
                 if target not in params:
                     raise ValueError(f"checkpoint weight {name!r} has no place in the {cfg.architecture} model")
                 tensor = f.get_tensor(name)
                 dst = params[target]
                 if shard is not None:
-                    size = dst.shape[0] // 3
+                    parts_of[target] = parts
+                    size = dst.shape[0] // parts
                     dst = dst.narrow(0, shard * size, size)
                 if dst.shape != tensor.shape:
                     raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}")
                 with torch.no_grad():
                     dst.copy_(tensor.to(dst.dtype))
                 loaded.add(target if shard is None else f"{target}#{shard}")
-    missing = [n for n in params if n not in loaded and not all(f"{n}#{i}" in loaded for i in range(3))]
+    missing = [n for n in params if n not in loaded and not (
+        n in parts_of and all(f"{n}#{i}" in loaded for i in range(parts_of[n])))]
     if missing:
         raise ValueError(f"checkpoint is missing weights: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
 

@@ -13,13 +13,13 @@ import torch
 from engine.tiny import _CORPUS
 from engine.tiny_embedding import write_sentence_transformers_files
 
-ENCODER_FAMILIES = ("bert", "xlm-roberta", "modernbert")
+ENCODER_FAMILIES = ("bert", "xlm-roberta", "modernbert", "nomic-bert")
 # family -> special tokens in id order, and (cls, sep, pad, unk, mask)
 _SPECIALS = {
     "bert": (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], ("[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]")),
     "xlm-roberta": (["<s>", "<pad>", "</s>", "<unk>", "<mask>"], ("<s>", "</s>", "<pad>", "<unk>", "<mask>")),
 }
-_SPECIALS["modernbert"] = _SPECIALS["bert"]
+_SPECIALS["modernbert"] = _SPECIALS["nomic-bert"] = _SPECIALS["bert"]
 
 
 def build_encoder_tokenizer(family: str, vocab_size: int = 512):
@@ -40,7 +40,7 @@ def build_encoder_tokenizer(family: str, vocab_size: int = 512):
     else:
         pair = f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1"
     tok.post_processor = TemplateProcessing(single=f"{cls} $A {sep}", pair=pair, special_tokens=list(ids.items()))
-    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if family == "bert" else [])
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if family in ("bert", "nomic-bert") else [])
     return PreTrainedTokenizerFast(tokenizer_object=tok, cls_token=cls, sep_token=sep, pad_token=pad,
                                    unk_token=unk, mask_token=mask, model_input_names=names)
 
@@ -59,6 +59,9 @@ def tiny_encoder_config(family: str, tokenizer, num_labels: int | None = None, *
         kwargs.update(max_position_embeddings=256 + tokenizer.pad_token_id + 1, type_vocab_size=1,
                       bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id)
         cls = transformers.XLMRobertaConfig
+    elif family == "nomic-bert":
+        kwargs.update(max_position_embeddings=512, type_vocab_size=2, intermediate_size=96, hidden_act="silu")
+        cls = transformers.NomicBertConfig
     else:
         kwargs.update(max_position_embeddings=512, num_hidden_layers=4, intermediate_size=96, local_attention=16,
                       cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id,

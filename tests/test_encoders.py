@@ -13,7 +13,7 @@ from engine.pooling_params import PoolingParams
 from engine.tiny_encoder import write_tiny_classifier, write_tiny_encoder
 from tests.encoder_texts import varied_texts
 
-FAMILIES = ["bert", "xlm-roberta", "modernbert"]
+FAMILIES = ["bert", "xlm-roberta", "modernbert"]  # with classification heads; NomicBERT embeds only
 TEXTS = ["Hello world", "a", "日本語の文章です。", "Привет, как дела?",
          "The quick brown fox jumps over the lazy dog. " * 6, "x y z", "fox " * 40]
 
@@ -35,7 +35,7 @@ def embed(llm, inputs, **kwargs):
 
 @pytest.mark.parametrize("normalize", [True, False])
 @pytest.mark.parametrize("pooling", ["mean", "cls"])
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [*FAMILIES, "nomic-bert"])
 def test_embed_equals_sentence_transformers(tmp_path, family, pooling, normalize):
     path = write_tiny_encoder(tmp_path / "m", family, pooling, normalize)
     # a small step budget: the inputs run over several steps, each input whole
