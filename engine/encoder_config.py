@@ -1,4 +1,4 @@
-"""What an encoder checkpoint's `config.json` says (BERT, RoBERTa/XLM-RoBERTa, ModernBERT), read
+"""What an encoder checkpoint's `config.json` says (BERT, RoBERTa/XLM-RoBERTa, ModernBERT, NomicBERT), read
 without torch. Encoders attend bidirectionally over each whole input and keep no KV cache: they run
 through `engine.encoder_runner`, not the paged decoder path.
 
@@ -36,7 +36,7 @@ def encoder_architecture(raw: dict) -> str | None:
 class EncoderConfig:
     path: Path
     architecture: str
-    family: str  # bert | roberta | modernbert
+    family: str  # bert | roberta | modernbert | nomic_bert
     vocab_size: int
     hidden_size: int
     intermediate_size: int

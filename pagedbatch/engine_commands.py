@@ -60,7 +60,7 @@ def add_commands(commands) -> None:
                       help="a sentence-transformers embedding model (no LM head) instead of a causal LM")
     tiny.add_argument("--pooling", default=None, choices=["last", "mean", "cls"],
                       help="with --embedding (default last) or --encoder (default mean)")
-    tiny.add_argument("--encoder", choices=["bert", "xlm-roberta", "modernbert"],
+    tiny.add_argument("--encoder", choices=["bert", "xlm-roberta", "modernbert", "nomic-bert"],
                       help="an encoder: a sentence-transformers embedder, or with --cross-encoder / --classifier "
                       "a sequence-classification model")
     tiny.add_argument("--cross-encoder", action="store_true", help="with --encoder: one label (scores, reranking)")
