@@ -22,7 +22,7 @@ from batchfile.errors import (
     InvalidLine,
 )
 from batchfile.fields import type_name
-from batchfile.request import EMBEDDINGS_URL, ParsedRequest
+from batchfile.request import EMBEDDINGS_URL, SCORING_URLS, ParsedRequest
 from engine.pooling_truncation import SIDES, cut, kept_tokens
 
 MAX_INPUTS = 2048  # OpenAI: an input array holds at most 2,048 items
@@ -160,11 +160,21 @@ def embeddings_body(model: str, vectors: Sequence[Sequence[float]], prompt_token
 
 
 def check_model_serves(limits, url: str) -> None:
-    """An embedding model serves embeddings lines only, a generative one everything else."""
-    if url == EMBEDDINGS_URL and limits.runner != "pooling":
+    """An embedding model serves embeddings, score and rerank lines; a classifier (cross-encoder)
+    score and rerank lines; a generative one the others."""
+    pooling = limits.runner == "pooling"
+    if url in SCORING_URLS and not pooling:
+        raise InvalidLine(INVALID_URL, f"model {limits.name!r} is a generative model; it cannot serve {url} "
+                                       "(an embedding model or a cross-encoder can)")
+    if url == EMBEDDINGS_URL and not pooling:
         raise InvalidLine(INVALID_URL, f"model {limits.name!r} is a generative model; it cannot serve {EMBEDDINGS_URL}")
-    if url != EMBEDDINGS_URL and limits.runner == "pooling":
-        raise InvalidLine(INVALID_URL, f"model {limits.name!r} is an embedding model; it serves {EMBEDDINGS_URL} only")
+    if url == EMBEDDINGS_URL and limits.classifier:
+        raise InvalidLine(INVALID_URL, f"model {limits.name!r} is a classifier (cross-encoder); it serves "
+                                       f"{', '.join(SCORING_URLS)} only")
+    if url not in (EMBEDDINGS_URL, *SCORING_URLS) and pooling:
+        kind = "a classifier (cross-encoder)" if limits.classifier else "an embedding model"
+        serves = SCORING_URLS if limits.classifier else (EMBEDDINGS_URL, *SCORING_URLS)
+        raise InvalidLine(INVALID_URL, f"model {limits.name!r} is {kind}; it serves {', '.join(serves)} only")
 
 
 def read_line(limits, raw_body: dict, body: dict) -> EmbeddingInputs:
@@ -183,7 +193,7 @@ def finish_line(line: int, custom_id: str, limits, body: dict, inputs: Embedding
     """Tokenize the texts (after the model's default prompt, lowercased where it asks, as the engine
     and sentence-transformers do) and check every input against the context and the line's token limit."""
     token_ids = inputs.token_ids
-    texts = None if inputs.texts is None else [_as_the_model_reads(limits.pooler, t) for t in inputs.texts]
+    texts = None if inputs.texts is None else [as_the_model_reads(limits.pooler, t) for t in inputs.texts]
     if token_ids is None:
         try:
             token_ids = limits.encode(texts, add_special_tokens=True)
@@ -202,7 +212,7 @@ def finish_line(line: int, custom_id: str, limits, body: dict, inputs: Embedding
                          embedding_options=options)
 
 
-def _as_the_model_reads(pooler, text: str) -> str:
+def as_the_model_reads(pooler, text: str) -> str:
     """The text after the model's default sentence-transformers prompt, lowercased where it says
     `do_lower_case` (as `LLM.embed` and sentence-transformers)."""
     if pooler is None:

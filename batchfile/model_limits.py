@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.chat_template import render_chat
+from engine.encoder_config import EncoderConfig, encoder_architecture
 from engine.model_info import context_length, read_config
 from engine.sentence_transformers_config import PoolerConfig, default_runner, read_pooler_config
 
@@ -32,6 +33,7 @@ class ModelLimits:
     runner: str = "generate"
     pooler: PoolerConfig | None = None
     hidden_size: int | None = None
+    classifier: bool = False  # a sequence-classification model (a cross-encoder): score and rerank lines only
 
     @classmethod
     def from_dir(
@@ -126,13 +128,15 @@ def _load(model_dir: str, name: str | None, max_model_len: int | None, special_i
     from transformers import AutoTokenizer
 
     config = read_config(model_dir)
-    length = context_length(config, max_model_len)
+    encoder = EncoderConfig.from_dict(config, Path(model_dir), max_model_len) if encoder_architecture(config) else None
+    length = encoder.max_model_len if encoder else context_length(config, max_model_len)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size") or len(tokenizer)
     runner = default_runner(Path(model_dir), config)
     pooler = read_pooler_config(Path(model_dir), config) if runner == "pooling" else None
+    hidden = (pooler.dense_output_size if pooler else None) or config.get("hidden_size")
     return ModelLimits(name or Path(model_dir).name, tokenizer, length, int(vocab), special_in_content,
-                       runner, pooler, config.get("hidden_size"))
+                       runner, pooler, hidden, bool(encoder and encoder.classifier))
 
 
 def limits_by_name(model_dirs: Mapping[str, str], special_in_content: Collection[str] = ()) -> dict[str, ModelLimits]:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from batchfile import completion_options, embeddings
+from batchfile import completion_options, embeddings, scoring
 from batchfile.errors import (
     CONTEXT_LENGTH_EXCEEDED,
     DUPLICATE_CUSTOM_ID,
@@ -32,7 +32,15 @@ from batchfile.errors import (
 )
 from batchfile.fields import as_bool, messages_of, prompt_of, type_name
 from batchfile.model_limits import ModelLimits
-from batchfile.request import CHAT_URL, EMBEDDINGS_URL, MESSAGE_URLS, RESPONSES_URL, URLS, ParsedRequest
+from batchfile.request import (
+    CHAT_URL,
+    EMBEDDINGS_URL,
+    MESSAGE_URLS,
+    RESPONSES_URL,
+    SCORING_URLS,
+    URLS,
+    ParsedRequest,
+)
 from batchfile.responses_api import to_chat_body
 from batchfile.sampling import OPENAI_BOUNDS, RequestBounds, check_output_budget, merge_defaults, sampling_kwargs
 from batchfile.tool_calls import read_tools
@@ -169,6 +177,9 @@ class LineValidator:
         if url == EMBEDDINGS_URL:
             inputs = embeddings.read_line(limits, raw_body, body)
             return Pending(line, custom_id, url, limits, raw_body, None, False, bounds=self.bounds, embedding=inputs)
+        if url in SCORING_URLS:
+            inputs = scoring.read_line(url, raw_body, body)
+            return Pending(line, custom_id, url, limits, raw_body, None, False, bounds=self.bounds, embedding=inputs)
         params, explicit = sampling_kwargs(body, CHAT_URL if echo is not None else url, self.bounds)
         options, tools = _shape_options(body, CHAT_URL if echo is not None else url, params)
         if echo is not None:
@@ -243,6 +254,9 @@ def _read_prompt(pending: Pending, body: dict) -> None:
 def finish(pending: Pending) -> ParsedRequest:
     """The request, once its prompt is tokenized: the prompt must leave room in the context for
     max_tokens (chat without max_tokens gets the rest of the context)."""
+    if pending.embedding is not None and pending.url in SCORING_URLS:
+        return scoring.finish_line(pending.line, pending.custom_id, pending.url, pending.limits, pending.body,
+                                   pending.embedding)
     if pending.embedding is not None:
         return embeddings.finish_line(pending.line, pending.custom_id, pending.limits, pending.body, pending.embedding)
     _fit_context(pending, pending.token_ids)

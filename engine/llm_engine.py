@@ -14,6 +14,8 @@ import torch
 
 from engine.block_manager import BlockManager, cdiv
 from engine.config import EngineConfig, ModelConfig, resolve_device, resolve_dtype
+from engine.encoder_config import EncoderConfig
+from engine.encoder_runner import EncoderRunner, load_encoder_config
 from engine.generation_config import default_sampling_values, eos_ids, read_generation_config
 from engine.kv_export import KVBundle, KVTransfer, wants_export
 from engine.model_runner import ModelRunner
@@ -34,6 +36,7 @@ from engine.sampler import SampleLogprobs, Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
+from engine.st_dense import load_dense_head
 from engine.stop_strings import StopStrings
 from engine.stopping import StopChecker
 from engine.structured_outputs import StructuredOutputs, advance
@@ -60,7 +63,8 @@ class LLMEngine:
     def __init__(self, model: str, **kwargs):
         self.config = EngineConfig(model=str(model), **kwargs)
         cfg = self.config
-        self.model_config = ModelConfig.load(model, cfg.max_model_len, cfg.revision, cfg.hf_overrides)
+        self.model_config = load_encoder_config(model, cfg.max_model_len, cfg.revision, cfg.hf_overrides) or \
+            ModelConfig.load(model, cfg.max_model_len, cfg.revision, cfg.hf_overrides)
         self.max_model_len = self.model_config.max_model_len
         self.device = resolve_device(self.config.device)
         self.dtype = resolve_dtype(self.config.dtype, self.device, self.model_config.torch_dtype)
@@ -74,13 +78,16 @@ class LLMEngine:
         self.eos_token_id, self.extra_eos_ids = self._eos_ids()
         self.eos_token_ids = sorted({self.eos_token_id, *self.extra_eos_ids} - {None})
         self.pooler_config = resolve_runner(self.config, self.model_config)  # None: a generative runner
-        self.runner = ModelRunner(self.config, self.model_config, self.device, self.dtype)
+        encoder = isinstance(self.model_config, EncoderConfig)
+        self.runner = (EncoderRunner if encoder else ModelRunner)(self.config, self.model_config, self.device,
+                                                                  self.dtype)
+        self.pooling_head = load_dense_head(self.pooler_config.dense) if self.pooler_config else None
         self.block_manager = BlockManager(
             self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
         )
         self.scheduler = Scheduler(
             self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens,
-            self.config.scheduling_policy,
+            self.config.scheduling_policy, whole_prompts=encoder,
         )
         self.sampler = Sampler(self.model_config.vocab_size, self.device, self.config.seed)
         self.detokenizer = Detokenizer(self.tokenizer)

@@ -21,12 +21,14 @@ class PoolingMixin:
         `truncation=True` (cut to `max_length`, by default the context)."""
         if lora_request is not None:
             raise ValueError("lora_request is not supported: the engine serves no LoRA adapters")
-        if pooling_task not in (None, "embed", "encode"):
-            raise ValueError(f"pooling_task={pooling_task!r} is not supported; only 'embed'")
+        if pooling_task not in (None, "embed", "encode", "classify", "score"):
+            raise ValueError(f"pooling_task={pooling_task!r} is not supported; use embed, classify or score")
         if isinstance(prompts, str | dict):
             prompts = [prompts]
         prompts = list(prompts)
         truncation = _truncation(tokenization_kwargs, truncate_prompt_tokens)
+        if pooling_task in ("classify", "score"):
+            truncation = {**truncation, "task": pooling_task}
         params = _params_per_prompt(pooling_params, len(prompts), truncation)
         engine = self.llm_engine
         if engine.pooler_config is None:
@@ -40,6 +42,8 @@ class PoolingMixin:
             except ValueError as exc:
                 raise ValueError(f"prompt {i}: {exc}") from exc
             prepared.append({"prompt": text, "prompt_token_ids": token_ids})
+            if isinstance(prompt, dict) and "token_type_ids" in prompt:  # a cross-encoder's pair
+                prepared[-1]["token_type_ids"] = prompt["token_type_ids"]
         ids = []
         for prompt, p in zip(prepared, params):
             ids.append(str(self._next_id))

@@ -18,8 +18,9 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from engine import pooling_forward
+from engine import pooling_forward, st_dense
 from engine.block_manager import cdiv
+from engine.classify_state import CLASSIFY_TASKS, ClassifyState
 from engine.pooling_outputs import PoolingOutput, PoolingRequestOutput
 from engine.pooling_params import PoolingParams
 from engine.pooling_truncation import cut, kept_tokens
@@ -33,10 +34,15 @@ _PREFILL_ONLY = SamplingParams(max_tokens=1, detokenize=False)
 
 
 class PoolingState:
-    def __init__(self, method: str, params: PoolingParams, normalize: bool):
+    classifies = False  # see engine.classify_state
+
+    def __init__(self, method: str, params: PoolingParams, normalize: bool, head=None,
+                 token_type_ids: list[int] | None = None):
         self.method = method
         self.params = params
         self.normalize = normalize
+        self.head = head  # sentence-transformers' Dense layers (engine.st_dense), or None
+        self.token_type_ids = token_type_ids  # an encoder's segment ids (None: all 0)
         self.needs_every_token = method != "LAST"
         self._acc: torch.Tensor | None = None  # MEAN: running sum; CLS: the first token's state
         self.vector: torch.Tensor | None = None
@@ -72,6 +78,7 @@ class PoolingState:
             self._acc = None
 
     def _finish(self, pooled: torch.Tensor) -> torch.Tensor:
+        pooled = st_dense.apply(self.head, pooled)
         if self.params.dimensions is not None:
             pooled = pooled[: self.params.dimensions]
         if self.normalize:
@@ -87,6 +94,9 @@ def forward_with_pooling(runner, batch: ScheduledBatch, extra_rows: list[int]):
     """One forward pass for a batch holding pooling sequences: folds their hidden states into
     their states and returns (logits of the generation sequences that sample, hidden states of
     `extra_rows` or None), as `ModelRunner.execute` does for a batch without them."""
+    if getattr(runner, "is_encoder", False):
+        runner.run(batch)  # engine.encoder_runner: pooling only, whole inputs
+        return None, None
     if not extra_rows and pooling_forward.applies(runner, batch):
         pooling_forward.run(runner, batch)  # only pooling prompts from position 0: nothing samples
         return None, None
@@ -122,8 +132,15 @@ def check_pooling_request(engine, ids: list[int], params: PoolingParams, config:
     if len(ids) > limit:
         raise ValueError(f"the input has {len(ids)} tokens, more than the model's context of {limit} tokens "
                          f"(set truncate_prompt_tokens to truncate it: -1 keeps the first {limit})")
+    classifier = getattr(engine.model_config, "classifier", False)
+    if params.task in CLASSIFY_TASKS and not classifier:
+        raise ValueError(f"this model has no classification head: it cannot {params.task} "
+                         "(a *ForSequenceClassification model can; an embedding model scores with LLM.score)")
+    if params.task not in CLASSIFY_TASKS and classifier:
+        raise ValueError("this model is a classifier (a sequence-classification head): "
+                         "use classify or score, not embed")
     if params.dimensions is not None:
-        config.check_dimensions(params.dimensions, engine.model_config.hidden_size)
+        config.check_dimensions(params.dimensions, config.dense_output_size or engine.model_config.hidden_size)
     blocks = cdiv(len(ids), engine.config.block_size)
     if blocks > engine.block_manager.num_blocks:
         raise ValueError(f"the input needs {blocks} KV blocks but the pool has only {engine.block_manager.num_blocks}")
@@ -168,9 +185,16 @@ def pooling_request(engine, seq_ids: Iterator[int], request_id: str, prompt, par
     normalize = config.normalize if params.normalize is None else params.normalize
     arrival = arrival or time.time()
     seqs = []
-    for i, (_, ids) in enumerate(prepared):
+    for i, (p, (_, ids)) in enumerate(zip(prompt if many else [prompt], prepared)):
         seq = Sequence(next(seq_ids), request_id, i, ids, _PREFILL_ONLY, arrival)
-        seq.pooling = PoolingState(config.method, params, normalize)
+        types = p.get("token_type_ids") if isinstance(p, dict) else None
+        if types is not None and len(types) != len(ids):
+            raise ValueError(f"token_type_ids has {len(types)} entries for {len(ids)} tokens")
+        if params.task in CLASSIFY_TASKS:
+            seq.pooling = ClassifyState(params, engine.model_config.num_labels, engine.model_config.score_activation,
+                                        types)
+        else:
+            seq.pooling = PoolingState(config.method, params, normalize, getattr(engine, "pooling_head", None), types)
         seqs.append(seq)
     if many:
         return None, [ids for _, ids in prepared], seqs

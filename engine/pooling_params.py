@@ -22,10 +22,13 @@ class PoolingParams:
     truncate_prompt_tokens: int | None = None
     task: str = "embed"
     truncation_side: str = "right"
+    use_activation: bool | None = None  # classify/score: the head's activation (None: the model's default)
 
     def validate(self) -> None:
-        if self.task not in ("embed", "encode"):
-            raise ValueError(f"pooling task {self.task!r} is not supported; use 'embed'")
+        if self.task not in ("embed", "encode", "classify", "score"):
+            raise ValueError(f"pooling task {self.task!r} is not supported; use embed, classify or score")
+        if self.use_activation is not None and not isinstance(self.use_activation, bool):
+            raise ValueError(f"use_activation must be a boolean, got {self.use_activation!r}")
         if self.dimensions is not None and (not isinstance(self.dimensions, int) or self.dimensions < 1):
             raise ValueError(f"dimensions must be a positive integer, got {self.dimensions!r}")
         if self.normalize is not None and not isinstance(self.normalize, bool):
@@ -38,4 +41,4 @@ class PoolingParams:
 
     def clone(self) -> PoolingParams:
         return PoolingParams(self.dimensions, self.normalize, self.truncate_prompt_tokens, self.task,
-                             self.truncation_side)
+                             self.truncation_side, self.use_activation)

@@ -43,8 +43,9 @@ def rank(seq: Sequence) -> tuple:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 policy: str = "fcfs"):  # fmt: skip
+                 policy: str = "fcfs", whole_prompts: bool = False):  # fmt: skip
         self.block_manager = block_manager
+        self.whole_prompts = whole_prompts  # an encoder's inputs: never split into chunks
         self.by_priority = policy == "priority"
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -96,6 +97,8 @@ class Scheduler:
             hits = self.block_manager.match_prefix(seq)
             computed = len(hits) * self.block_manager.block_size
             n = min(len(seq) - computed, budget)
+            if self.whole_prompts and n < len(seq) - computed:
+                break
             if not self.block_manager.can_hold(seq, computed + n, hits):
                 break
             self.block_manager.take_prefix(seq, hits)

@@ -3,14 +3,16 @@
 `config.json` (torch-free). From `sentence_bert_config.json`, `do_lower_case` is read here; its
 `max_seq_length` caps the context length, read in `engine.model_info`.
 
-Supported: one Transformer module, then Pooling (last-token, mean or CLS), then an optional
-Normalize. Anything else (Dense heads, max pooling, weighted means) is refused by name."""
+Supported: one Transformer module, then Pooling (last-token, mean or CLS), then Dense layers and an
+optional Normalize. Anything else (max pooling, weighted means) is refused by name."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from engine.encoder_config import encoder_architecture
 
 POOLING_METHODS = ("LAST", "MEAN", "CLS")
 
@@ -30,6 +32,8 @@ class PoolerConfig:
     is_matryoshka: bool = False
     do_lower_case: bool = False  # texts are lowercased before tokenizing (after the default prompt)
     from_sentence_transformers: bool = False
+    dense: list[Path] = field(default_factory=list)  # the Dense modules' directories, in order (engine.st_dense)
+    dense_output_size: int | None = None  # the vector's size after them
 
     @property
     def default_prompt(self) -> str:
@@ -59,9 +63,9 @@ def is_sentence_transformers_dir(path: Path) -> bool:
 
 
 def default_runner(path: Path, raw_config: dict) -> str:
-    """vLLM's runner="auto": pooling for a sentence-transformers directory or a base model saved
-    without an LM head, generate otherwise."""
-    base = any(a in BASE_MODELS for a in raw_config.get("architectures") or [])
+    """vLLM's runner="auto": pooling for a sentence-transformers directory, a base model saved
+    without an LM head or an encoder, generate otherwise."""
+    base = any(a in BASE_MODELS for a in raw_config.get("architectures") or []) or encoder_architecture(raw_config)
     return "pooling" if base or is_sentence_transformers_dir(path) else "generate"
 
 
@@ -102,20 +106,26 @@ def read_pooler_config(path: Path, raw_config: dict) -> PoolerConfig:
     dims = raw_config.get("matryoshka_dimensions")
     cfg.is_matryoshka = bool(raw_config.get("is_matryoshka") or dims)
     cfg.matryoshka_dimensions = sorted(dims) if dims else None
+    if encoder_architecture(raw_config):
+        cfg.method = "CLS"  # vLLM's default for a BERT-like embedder without sentence-transformers' files
     if not is_sentence_transformers_dir(path):
         return cfg
     cfg.from_sentence_transformers = True
     modules = _read_json(path / "modules.json")
     kinds = [_module_kind(m) for m in modules]
-    if not kinds or kinds[0] != "Transformer" or kinds[1:2] != ["Pooling"] or kinds[2:] not in ([], ["Normalize"]):
+    tail = kinds[2:-1] if kinds[-1:] == ["Normalize"] and len(kinds) > 2 else kinds[2:]
+    if not kinds or kinds[0] != "Transformer" or kinds[1:2] != ["Pooling"] or any(k != "Dense" for k in tail):
         raise ValueError(f"sentence-transformers modules {kinds} are not supported; "
-                         "expected Transformer, Pooling and an optional Normalize")
+                         "expected Transformer, Pooling, Dense layers and an optional Normalize")
+    cfg.dense = [path / m.get("path", "") for m, k in zip(modules, kinds) if k == "Dense"]
+    if cfg.dense:
+        cfg.dense_output_size = _read_json(cfg.dense[-1] / "config.json").get("out_features")
     pooling_dir = path / (modules[1].get("path") or "1_Pooling")
     pooling = _read_json(pooling_dir / "config.json")
     cfg.method = _pooling_method(pooling)
     if pooling.get("include_prompt") is False:
         raise ValueError("Pooling with include_prompt=false is not supported")
-    cfg.normalize = kinds[2:] == ["Normalize"]
+    cfg.normalize = kinds[-1] == "Normalize"
     st_file = path / "config_sentence_transformers.json"
     if st_file.is_file():
         st = _read_json(st_file)

@@ -46,15 +46,47 @@ def write_tiny_embedding_model(path, arch: str = "qwen3", pooling: str = "last",
         eos = (tokenizer.eos_token, tokenizer.eos_token_id)
         tokenizer.backend_tokenizer.post_processor = TemplateProcessing(single=f"$A {eos[0]}", special_tokens=[eos])
     tokenizer.save_pretrained(path)
+    write_sentence_transformers_files(path, config.hidden_size, pooling, normalize, default_prompt,
+                                      max_seq_length or config.max_position_embeddings, do_lower_case)
+    meta = {"note": "tiny random-weight embedding model written by engine.tiny_embedding", "arch": arch,
+            "pooling": pooling, "seed": seed}
+    (path / "pagedbatch_tiny.json").write_text(json.dumps(meta))
+    return path
+
+
+def write_sentence_transformers_files(path: Path, hidden_size: int, pooling: str, normalize: bool,
+                                      default_prompt: str | None, max_seq_length: int, do_lower_case: bool = False,
+                                      dense: list[dict] | None = None) -> None:
+    """sentence-transformers' files beside a saved base model: `modules.json`, the Pooling config,
+    Dense layers (`dense`: their configs, with a "weight" and "bias" tensor each), an optional
+    Normalize, `config_sentence_transformers.json`, `sentence_bert_config.json`."""
+    from safetensors.torch import save_file
+
+    if pooling not in POOLING_MODES:
+        raise ValueError(f"unknown pooling {pooling!r}; choose from {sorted(POOLING_MODES)}")
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    for layer in dense or []:
+        idx = len(modules)
+        folder = path / f"{idx}_Dense"
+        folder.mkdir(exist_ok=True)
+        config = {k: layer[k] for k in ("in_features", "out_features", "bias", "activation_function")}
+        (folder / "config.json").write_text(json.dumps(config))
+        tensors = {"linear.weight": layer["weight"].contiguous()}
+        if layer["bias"]:
+            tensors["linear.bias"] = layer["bias_tensor"].contiguous()
+        save_file(tensors, str(folder / "model.safetensors"))
+        modules.append({"idx": idx, "name": str(idx), "path": folder.name,
+                        "type": "sentence_transformers.models.Dense"})
     if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
-        (path / "2_Normalize").mkdir(exist_ok=True)
-        (path / "2_Normalize" / "config.json").write_text("{}")
+        idx = len(modules)
+        modules.append({"idx": idx, "name": str(idx), "path": f"{idx}_Normalize",
+                        "type": "sentence_transformers.models.Normalize"})
+        (path / f"{idx}_Normalize").mkdir(exist_ok=True)
+        (path / f"{idx}_Normalize" / "config.json").write_text("{}")
     (path / "modules.json").write_text(json.dumps(modules, indent=2))
     flags = {flag: flag == POOLING_MODES[pooling] for flag in POOLING_MODES.values()}
-    pooling_config = {"word_embedding_dimension": config.hidden_size, **flags, "pooling_mode_max_tokens": False,
+    pooling_config = {"word_embedding_dimension": hidden_size, **flags, "pooling_mode_max_tokens": False,
                       "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_weightedmean_tokens": False,
                       "include_prompt": True}
     (path / "1_Pooling").mkdir(exist_ok=True)
@@ -64,9 +96,4 @@ def write_tiny_embedding_model(path, arch: str = "qwen3", pooling: str = "last",
                  "similarity_fn_name": "cosine"}
     (path / "config_sentence_transformers.json").write_text(json.dumps(st_config, indent=2))
     (path / "sentence_bert_config.json").write_text(
-        json.dumps({"max_seq_length": max_seq_length or config.max_position_embeddings,
-                    "do_lower_case": do_lower_case}))
-    meta = {"note": "tiny random-weight embedding model written by engine.tiny_embedding", "arch": arch,
-            "pooling": pooling, "seed": seed}
-    (path / "pagedbatch_tiny.json").write_text(json.dumps(meta))
-    return path
+        json.dumps({"max_seq_length": max_seq_length, "do_lower_case": do_lower_case}))

@@ -32,11 +32,23 @@ def _dimensions(text: str) -> list[int]:
 def _tiny_model(args) -> int:
     try:
         Path(args.path).mkdir(parents=True, exist_ok=True)  # before torch loads: a path that cannot be written
-        if args.embedding:
+        if args.encoder:
+            from engine.tiny_encoder import write_tiny_classifier, write_tiny_encoder
+
+            if args.cross_encoder or args.classifier:
+                labels = 1 if args.cross_encoder else args.classifier
+                path = write_tiny_classifier(args.path, args.encoder, num_labels=labels, seed=args.seed)
+            else:
+                path = write_tiny_encoder(args.path, args.encoder, pooling=args.pooling or "mean",
+                                          normalize=not args.no_normalize, seed=args.seed)
+        elif args.cross_encoder or args.classifier:
+            raise usage_error("--cross-encoder and --classifier need --encoder")
+        elif args.embedding:
             from engine.tiny_embedding import write_tiny_embedding_model
 
-            path = write_tiny_embedding_model(args.path, arch=args.arch, pooling=args.pooling, seed=args.seed,
-                                              normalize=not args.no_normalize, matryoshka_dimensions=args.matryoshka)
+            path = write_tiny_embedding_model(args.path, arch=args.arch, pooling=args.pooling or "last",
+                                              seed=args.seed, normalize=not args.no_normalize,
+                                              matryoshka_dimensions=args.matryoshka)
         else:
             from engine.tiny import write_tiny_model
 
@@ -92,7 +104,13 @@ def add_commands(commands) -> None:
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--embedding", action="store_true",
                       help="a sentence-transformers embedding model (no LM head) instead of a causal LM")
-    tiny.add_argument("--pooling", default="last", choices=["last", "mean", "cls"], help="with --embedding")
+    tiny.add_argument("--pooling", default=None, choices=["last", "mean", "cls"],
+                      help="with --embedding (default last) or --encoder (default mean)")
+    tiny.add_argument("--encoder", choices=["bert", "xlm-roberta", "modernbert", "nomic-bert"],
+                      help="an encoder: a sentence-transformers embedder, or with --cross-encoder / --classifier "
+                      "a sequence-classification model")
+    tiny.add_argument("--cross-encoder", action="store_true", help="with --encoder: one label (scores, reranking)")
+    tiny.add_argument("--classifier", type=int, metavar="LABELS", help="with --encoder: a classifier of LABELS labels")
     tiny.add_argument("--no-normalize", action="store_true", help="with --embedding: no Normalize module")
     tiny.add_argument("--matryoshka", metavar="DIMS", type=_dimensions,
                       help="with --embedding: Matryoshka sizes, e.g. 16,32,64")

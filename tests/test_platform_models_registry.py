@@ -120,5 +120,18 @@ def test_an_embedding_model_registers_the_embeddings_endpoint(tmp_path):
     write_tiny_model(tmp_path / "chat")
     embed = registration_for("e", str(tmp_path / "embed"), max_model_len=None, metrics_port=None)
     chat = registration_for("c", str(tmp_path / "chat"), max_model_len=None, metrics_port=None)
-    assert embed.endpoints == ("/v1/embeddings",)
+    assert embed.endpoints == ("/v1/embeddings", "/v1/score", "/v1/rerank")
     assert chat.endpoints == ("/v1/chat/completions", "/v1/completions")
+
+
+def test_encoders_register_their_endpoints_and_context(tmp_path):
+    from engine.tiny_encoder import write_tiny_classifier, write_tiny_encoder
+    from workers.registration import registration_for
+
+    write_tiny_encoder(tmp_path / "emb", "xlm-roberta")
+    write_tiny_classifier(tmp_path / "ce", "bert", num_labels=1)
+    emb = registration_for("e", str(tmp_path / "emb"), max_model_len=None, metrics_port=None)
+    ce = registration_for("c", str(tmp_path / "ce"), max_model_len=None, metrics_port=None)
+    assert emb.endpoints == ("/v1/embeddings", "/v1/score", "/v1/rerank")
+    assert emb.max_model_len == 256  # XLM-RoBERTa: 256 + pad id + 1 position embeddings
+    assert ce.endpoints == ("/v1/score", "/v1/rerank")

@@ -3,14 +3,23 @@ one generation request; an embeddings line is one pooling request holding all of
 
 from __future__ import annotations
 
-from batchfile.request import ParsedRequest
+from batchfile.request import SCORING_URLS, ParsedRequest
 from engine.pooling_params import PoolingParams
 from store.results.embedding_rows import embedding_row
 from store.results.rows import completed_row
+from store.results.score_rows import score_row
 
 
 def engine_request(request_id: str, req: ParsedRequest) -> tuple:
     """(request id, prompt, params) for `EngineHost.submit_many`."""
+    if req.url in SCORING_URLS:  # a cross-encoder's pairs (with their segment ids), or an embedder's texts
+        options = req.embedding_options
+        if options["mode"] == "cross":
+            types = options.get("token_type_ids") or [None] * len(req.inputs)
+            prompts = [{"prompt_token_ids": ids, **({"token_type_ids": t} if t else {})}
+                       for ids, t in zip(req.inputs, types)]
+            return request_id, prompts, PoolingParams(task="score")
+        return request_id, [{"prompt_token_ids": ids} for ids in req.inputs], PoolingParams()
     if req.inputs is not None:
         dimensions = (req.embedding_options or {}).get("dimensions")
         return request_id, [{"prompt_token_ids": ids} for ids in req.inputs], PoolingParams(dimensions=dimensions)
@@ -28,4 +37,6 @@ def add_to_engine(engine, request_id: str, req: ParsedRequest) -> None:
 
 def result_row(req: ParsedRequest, output, **kwargs) -> dict:
     """The completed row of a finished request (see `store.results.rows.completed_row`)."""
+    if req.url in SCORING_URLS:
+        return score_row(req, output, **kwargs)
     return (embedding_row if req.inputs is not None else completed_row)(req, output, **kwargs)

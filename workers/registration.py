@@ -10,6 +10,7 @@ import socket
 import threading
 from pathlib import Path
 
+from engine.encoder_config import ENCODER_ARCHITECTURES, EncoderConfig, encoder_architecture
 from engine.model_info import context_length, read_config
 from engine.sentence_transformers_config import default_runner
 from store import models_registry
@@ -19,12 +20,17 @@ from store.settings import Settings
 log = logging.getLogger(__name__)
 
 GENERATE_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
-POOLING_ENDPOINTS = ("/v1/embeddings",)
+POOLING_ENDPOINTS = ("/v1/embeddings", "/v1/score", "/v1/rerank")
+CLASSIFIER_ENDPOINTS = ("/v1/score", "/v1/rerank")
 
 
 def endpoints_of(model_path: str, config: dict) -> tuple[str, ...]:
-    """The batch URLs a model directory serves: embeddings for a pooling model, generation otherwise."""
-    return POOLING_ENDPOINTS if default_runner(Path(model_path), config) == "pooling" else GENERATE_ENDPOINTS
+    """The batch URLs a model directory serves: embeddings, score and rerank for an embedding model,
+    score and rerank for a cross-encoder, generation otherwise."""
+    if default_runner(Path(model_path), config) != "pooling":
+        return GENERATE_ENDPOINTS
+    arch = encoder_architecture(config)
+    return CLASSIFIER_ENDPOINTS if arch and ENCODER_ARCHITECTURES[arch][1] else POOLING_ENDPOINTS
 
 
 def registration_for(
@@ -33,12 +39,16 @@ def registration_for(
     """This process's registration: its Celery-style name, the model's path and context length."""
     hostname = socket.gethostname()
     config = read_config(model_path)
+    if encoder_architecture(config):  # RoBERTa's positions start past the padding id
+        length = EncoderConfig.from_dict(config, Path(model_path), max_model_len).max_model_len
+    else:
+        length = context_length(config, max_model_len)
     return Registration(
         worker=f"{model_name}-{os.getpid()}@{hostname}",
         model=model_name,
         path=os.path.abspath(model_path),
         endpoints=endpoints_of(model_path, config),
-        max_model_len=context_length(config, max_model_len),
+        max_model_len=length,
         hostname=hostname,
         pid=os.getpid(),
         metrics_port=metrics_port,

@@ -26,6 +26,7 @@ finished_at        timestamp[us, UTC]   when it finished (or failed)
 latency_ms         float64              finished_at - started_at in milliseconds
 embedding          list<float32>        /v1/embeddings lines of one input: its vector
 embeddings         list<list<float32>>  /v1/embeddings lines of several inputs: one vector per input, in order
+scores             list<float64>        /v1/score and /v1/rerank lines: one score per pair / document, in input order
 =================  ===================  ========================================================
 """
 
@@ -71,6 +72,7 @@ RESULT_SCHEMA = pa.schema([
     pa.field("latency_ms", pa.float64()),
     pa.field("embedding", pa.list_(pa.float32())),
     pa.field("embeddings", pa.list_(pa.list_(pa.float32()))),
+    pa.field("scores", pa.list_(pa.float64())),
 ])  # fmt: skip
 
 
