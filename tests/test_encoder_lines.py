@@ -98,8 +98,12 @@ def test_generative_model_refuses_score_lines(tmp_path):
     from engine.tiny import write_tiny_model
 
     model = write_tiny_model(tmp_path / "gen", "llama")
-    rows = _run(tmp_path, model, [_line("s", "/v1/score", {"text_1": "a", "text_2": "b"})])
+    rows = _run(tmp_path, model, [
+        _line("s", "/v1/score", {"text_1": "a", "text_2": "b"}),
+        _line("c", "/v1/completions", {"prompt": "hi", "max_tokens": 2}),  # a file needs one request line
+    ])
     assert (rows["s"]["status"], rows["s"]["error_code"]) == ("failed", INVALID_URL)
+    assert rows["c"]["status"] == "completed"
     assert "generative model" in rows["s"]["error_message"]
 
 
