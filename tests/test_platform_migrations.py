@@ -25,3 +25,18 @@ def test_migrate_is_idempotent(platform):
     from migrations import upgrade
 
     upgrade(platform.settings.database_url)  # already at head: nothing to do, no error
+
+
+def test_shards_carry_no_error_column_nobody_reads(platform):
+    """shards.error was written only on a split (which the worker logs) and read nowhere: the i36 migration
+    drops it, and the model has no such attribute."""
+    from store.models import Shard
+
+    engine = create_engine(normalize_url(platform.settings.database_url))
+    try:
+        with engine.connect() as conn:
+            columns = {c["name"] for c in inspect(conn).get_columns("shards")}
+    finally:
+        engine.dispose()
+    assert "error" not in columns and "part_key" in columns
+    assert not hasattr(Shard, "error")
