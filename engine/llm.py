@@ -6,6 +6,7 @@ from collections.abc import Sequence as Seq
 
 from engine.beam_runner import run_beam_search
 from engine.beam_search import BeamSearchOutput, BeamSearchParams
+from engine.exceptions import VLLMValidationError
 from engine.chat_prompt import render_conversation
 from engine.llm_args import engine_kwargs
 from engine.llm_engine import LLMEngine, Prompt
@@ -59,9 +60,11 @@ class LLM(PoolingMixin):
 
     def generate(self, prompts: Prompt | Seq[Prompt],
                  sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-                 use_tqdm: bool = True, lora_request=None, priority: list[int] | None = None) -> list[RequestOutput]:
+                 use_tqdm: bool = True, lora_request=None,
+                 priority: int | Seq[int] | None = None) -> list[RequestOutput]:
         """Outputs in the order of `prompts`. Every prompt is checked before any runs,
-        so one bad prompt raises ValueError and nothing is half done."""
+        so one bad prompt raises ValueError and nothing is half done. `priority`: one for every
+        prompt, or a list with one per prompt (as vLLM)."""
         if lora_request is not None:
             raise ValueError("lora_request is not supported: the engine serves no LoRA adapters")
         if isinstance(prompts, str | dict):
@@ -107,7 +110,8 @@ class LLM(PoolingMixin):
             return [params] * count
         params = list(params)
         if len(params) != count:
-            raise ValueError(f"got {len(params)} sampling params for {count} prompts")
+            raise VLLMValidationError(f"The lengths of prompts ({count}) and sampling_params ({len(params)}) "
+                                      "must be the same.")
         return params
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
@@ -141,9 +145,13 @@ def _priorities(priority, count: int, policy: str) -> list[int]:
     vLLM's default first-come-first-served policy, priorities other than 0 are refused."""
     if priority is None:
         return [0] * count
+    if isinstance(priority, int) and not isinstance(priority, bool):
+        priority = [priority] * count
+    elif isinstance(priority, str | bytes | dict) or not isinstance(priority, Seq):
+        raise VLLMValidationError(f"priority must be an integer or a list of integers, got {priority!r:.40}")
     priority = list(priority)
     if len(priority) != count:
-        raise ValueError(f"got {len(priority)} priorities for {count} prompts")
+        raise VLLMValidationError(f"The lengths of prompts ({count}) and priority ({len(priority)}) must be the same.")
     for value in priority:
         check_priority(value, policy)
     return priority

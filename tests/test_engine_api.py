@@ -215,9 +215,10 @@ def test_duplicate_request_id_is_rejected(engine):
 BAD_PROMPTS = [
     ("", "empty"),
     ({"prompt_token_ids": []}, "empty"),
-    ({"prompt_token_ids": [1, VOCAB]}, "outside the vocabulary"),
-    ({"prompt_token_ids": [-1, 5]}, "outside the vocabulary"),
-    ({"prompt_token_ids": [5] * 1024}, "context"),  # the tiny model's context is 1024
+    ({"prompt_token_ids": [1, VOCAB]}, f"Token id {VOCAB} is out of vocabulary"),
+    ({"prompt_token_ids": [-1, 5]}, "Token id -1 is out of vocabulary"),
+    ({"prompt_token_ids": [5] * 1024}, r"\(length 1024\) plus .* maximum model length of 1024"),  # its context: 1024
+    ({"prompt_token_ids": [5] * 1025}, r"\(length 1025\) is longer than the maximum model length of 1024"),
     ({"prompt_token_ids": [5] * 800}, "KV blocks"),  # fits the context, not the 48-block pool
     ({"prompt_token_ids": "12 13"}, "list of integers"),
     ({"prompt_token_ids": [1, 2.5]}, "list of integers"),

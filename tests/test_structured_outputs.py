@@ -95,7 +95,7 @@ def llm(model_dir):
 
 
 def _params(i: int, **spec) -> SamplingParams:
-    compact = i % 2 == 0  # half with free whitespace, as vLLM's default
+    compact = None if i % 2 == 0 else False  # half compact (the default), half with free whitespace (vLLM's)
     return SamplingParams(temperature=1.0, seed=i, max_tokens=400, n=2 if i % 9 == 0 else 1,
                           structured_outputs=StructuredOutputsParams(disable_any_whitespace=compact, **spec))
 
