@@ -6,8 +6,8 @@ from collections.abc import Sequence as Seq
 
 from engine.beam_runner import run_beam_search
 from engine.beam_search import BeamSearchOutput, BeamSearchParams
-from engine.exceptions import VLLMValidationError
 from engine.chat_prompt import render_conversation
+from engine.exceptions import VLLMValidationError
 from engine.llm_args import engine_kwargs
 from engine.llm_engine import LLMEngine, Prompt
 from engine.llm_pooling import PoolingMixin

@@ -91,12 +91,14 @@ class GuidedDecodingParams(StructuredOutputsParams):
             raise ValueError(f"guided decoding backend {self.backend!r} is not supported: this engine's is xgrammar")
         for option in filter(None, options.split(",")):
             if option not in _BACKEND_OPTIONS:
-                raise ValueError(f"unknown guided decoding backend option {option!r}; known: {sorted(_BACKEND_OPTIONS)}")
+                raise ValueError(f"unknown guided decoding backend option {option!r}; "
+                                 f"known: {sorted(_BACKEND_OPTIONS)}")
             setattr(self, _BACKEND_OPTIONS[option], True)
         super().__post_init__()
 
     def structured_outputs(self) -> StructuredOutputsParams:
-        return StructuredOutputsParams(**{name: getattr(self, name) for name in StructuredOutputsParams.__dataclass_fields__})
+        fields = StructuredOutputsParams.__dataclass_fields__
+        return StructuredOutputsParams(**{name: getattr(self, name) for name in fields})
 
 
 _SCHEMA_TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
