@@ -285,7 +285,7 @@ def test_generate_with_one_bad_prompt_runs_nothing(llm, engine):
     with pytest.raises(ValueError, match=r"^prompt 1: temperature"):
         llm.generate([prompt(1), prompt(2)], [greedy(4), bad])
     assert_pool_free(engine)
-    with pytest.raises(ValueError, match="2 sampling params for 3 prompts"):
+    with pytest.raises(ValueError, match=r"prompts \(3\) and sampling_params \(2\) must be the same"):
         llm.generate([prompt(1), prompt(2), prompt(3)], [greedy(4), greedy(4)])
     assert_pool_free(engine)
     # The LLM is still usable and gives what a fresh run gives.
@@ -316,7 +316,7 @@ def test_context_limit_with_max_model_len(model_dir):
     llm = LLM(str(model_dir), device="cpu", dtype="float32", num_kv_blocks=24, max_model_len=128)
     engine = llm.llm_engine
     assert engine.max_model_len == 128
-    with pytest.raises(ValueError, match="context of 128 tokens"):
+    with pytest.raises(ValueError, match="maximum model length of 128"):
         llm.generate({"prompt_token_ids": [7] * 128}, greedy(1))
     assert_pool_free(engine)
     # max_tokens=None runs up to the context; a larger max_tokens is cut there too.
