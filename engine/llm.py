@@ -45,14 +45,20 @@ class LLM(PoolingMixin):
         return self.llm_engine.block_manager.reset_prefix_cache()
 
     def beam_search(self, prompts: Prompt | Seq[Prompt], params: BeamSearchParams, lora_request=None,
-                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
-        """vLLM's offline beam search, its beams run in the engine (see `engine.beam_runner`); one output per prompt."""
+                    use_tqdm: bool = False, concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
+        """vLLM's offline beam search, its beams run in the engine (see `engine.beam_runner`); one output per prompt.
+        `concurrency_limit`: at most this many prompts searched at once (vLLM's; the outputs are the same)."""
         if lora_request is not None:
             raise ValueError("lora_request is not supported: the engine serves no LoRA adapters")
         if isinstance(prompts, str | dict):
             prompts = [prompts]
         token_prompts = [self.llm_engine.tokenize(p)[1] for p in prompts]
-        return run_beam_search(self, token_prompts, params)
+        if concurrency_limit is None:
+            return run_beam_search(self, token_prompts, params)
+        if not isinstance(concurrency_limit, int) or concurrency_limit < 1:
+            raise ValueError(f"concurrency_limit must be a positive integer, got {concurrency_limit!r}")
+        return [out for i in range(0, len(token_prompts), concurrency_limit)
+                for out in run_beam_search(self, token_prompts[i:i + concurrency_limit], params)]
 
     def get_metrics(self) -> list[Metric]:
         """vLLM's metric names: token and request counters, running/waiting gauges, KV cache use."""

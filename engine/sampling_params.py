@@ -159,7 +159,8 @@ def _check_counts(p: SamplingParams) -> None:
         p.max_tokens is None or (_is_int(p.max_tokens) and p.max_tokens >= 1),
         f"max_tokens must be a positive integer, got {p.max_tokens!r}",
     )
-    _check(_is_int(p.min_tokens) and p.min_tokens >= 0, f"min_tokens must be >= 0, got {p.min_tokens!r}")
+    _check(_is_int(p.min_tokens) and p.min_tokens >= 0,
+           f"min_tokens must be greater than or equal to 0, got {p.min_tokens!r}.")
     _check(p.max_tokens is None or p.min_tokens <= p.max_tokens,  # vLLM's words
            f"min_tokens must be less than or equal to max_tokens={p.max_tokens}, got {p.min_tokens}.")
     for name in ("logprobs", "prompt_logprobs"):
