@@ -33,8 +33,10 @@ COMPACT_SEPARATORS = (",", ":")
 def _json_options(spec: StructuredOutputsParams, strict: bool = True) -> dict:
     """Compact JSON unless the request asked for any whitespace (`disable_any_whitespace=False`): a small
     model given free whitespace can spend its whole budget on it."""
-    if spec.compact_whitespace:
+    if spec.disable_any_whitespace is None:  # the default here: no whitespace at all
         return {"any_whitespace": False, "separators": COMPACT_SEPARATORS, "strict_mode": strict}
+    if spec.disable_any_whitespace:  # vLLM's True: no free whitespace, xgrammar's separators (", " and ": ")
+        return {"any_whitespace": False, "strict_mode": strict}
     return {"any_whitespace": True, "strict_mode": strict}
 
 

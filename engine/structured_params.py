@@ -24,8 +24,8 @@ class StructuredOutputsParams:
     grammar: str | None = None  # EBNF (GBNF), or Lark
     json_object: bool | None = None  # any JSON object
     disable_fallback: bool = False  # one backend here (xgrammar): accepted, changes nothing
-    # JSON's whitespace: None (the default here) or True: compact, no whitespace between tokens ("," and ":"
-    # as separators), as OpenAI's strict mode writes it; False: any whitespace (vLLM's default)
+    # JSON's whitespace: None (the default here): none at all ("," and ":" as separators); True (vLLM's): no
+    # free whitespace, xgrammar's ", " and ": "; False: any whitespace (vLLM's default)
     disable_any_whitespace: bool | None = None
     disable_additional_properties: bool = False  # objects may not hold keys the schema does not name
     whitespace_pattern: str | None = None

@@ -32,6 +32,8 @@ def test_json_is_compact_unless_a_request_allows_any_whitespace(kind):
     assert default.compact_whitespace and default.to_dict() == spec
     assert _accepts(default, compact) and not _accepts(default, spaced)
     assert not _accepts(default, '{"a": 1, "b": ["x"]}')  # not even json.dumps' default separators
+    vllms = StructuredOutputsParams(**spec, disable_any_whitespace=True)  # vLLM's: xgrammar's separators, no more
+    assert _accepts(vllms, '{"a": 1, "b": ["x", "y"]}') and not _accepts(vllms, spaced)
     anywhere = StructuredOutputsParams(**spec, disable_any_whitespace=False)
     assert _accepts(anywhere, spaced) and _accepts(anywhere, compact)
     assert anywhere.to_dict() == {**spec, "disable_any_whitespace": False}  # survives a shard input line
