@@ -14,6 +14,7 @@ from store import keys
 
 PUBLIC_ENDPOINTS = frozenset({"meta.healthz", "meta.openapi", "metrics.metrics"})
 UI_BLUEPRINTS = frozenset({"ui", "ui_actions"})  # the dashboard signs in with a session cookie (api.ui.session)
+UI_ROOT = "/ui"  # without its slash: routing redirects it to the dashboard's "/ui/", as a browser expects
 
 
 class Unauthorized(ApiError):
@@ -30,7 +31,7 @@ def bearer_key() -> str | None:
 
 def authenticate() -> None:
     """Set `g.tenant` from the request's API key, or answer 401 (unknown routes included)."""
-    if request.endpoint in PUBLIC_ENDPOINTS or request.blueprint in UI_BLUEPRINTS:
+    if request.endpoint in PUBLIC_ENDPOINTS or request.blueprint in UI_BLUEPRINTS or request.path == UI_ROOT:
         return
     key = bearer_key()
     if key is None:

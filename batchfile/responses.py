@@ -48,17 +48,16 @@ def _best(top: dict, k: int) -> list:
 
 
 def _chat_logprobs(choice, k: int, tokenizer, skip_special_tokens: bool = True) -> dict:
-    """Each token's piece of the content (they join into it), its real bytes, and the `k` most
-    likely tokens at its position."""
+    """Each token's own text (as OpenAI and vLLM: the same string it has among the top logprobs, not
+    what it added to the content), its real bytes, and the `k` most likely tokens at its position."""
     content = []
-    pieces = _pieces(choice, tokenizer, skip_special_tokens)
-    for token_id, top, piece in zip(choice.token_ids, choice.logprobs or [], pieces):
+    for token_id, top in zip(choice.token_ids, choice.logprobs or []):
         alternatives = [
             {"token": _label(tokenizer, tid), "logprob": _logprob(lp), "bytes": _bytes(tokenizer, tid)}
             for tid, lp in _best(top, k)
         ]
         content.append({
-            "token": piece,
+            "token": _label(tokenizer, token_id),
             "logprob": _logprob(top.get(token_id)),
             "bytes": _bytes(tokenizer, token_id),
             "top_logprobs": alternatives,
@@ -81,10 +80,14 @@ def _top_map(tokenizer, top: dict, k: int, sampled: int) -> dict:
 
 
 def _completion_logprobs(choice, k: int, tokenizer, skip_special_tokens: bool = True) -> dict:
-    tokens = _pieces(choice, tokenizer, skip_special_tokens)  # they join into the text
+    """`tokens`: each token's own text (as in `top_logprobs`); `text_offset`: where in the text each
+    token's contribution starts (what it added, which a byte of a split character or a skipped special
+    token leaves empty)."""
+    pieces = _pieces(choice, tokenizer, skip_special_tokens)  # they join into the text
+    tokens = [_label(tokenizer, t) for t in choice.token_ids]
     token_logprobs, top_logprobs, offsets = [], [], []
     offset = 0
-    for token_id, top, piece in zip(choice.token_ids, choice.logprobs or [], tokens):
+    for token_id, top, piece in zip(choice.token_ids, choice.logprobs or [], pieces):
         # an echoed prompt's first token has no logprobs: null, as OpenAI
         token_logprobs.append(None if top is None else _logprob(top.get(token_id)))
         top_logprobs.append(None if top is None else _top_map(tokenizer, top, k, token_id))

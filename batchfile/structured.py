@@ -30,10 +30,23 @@ def build(where: str, **fields) -> StructuredOutputsParams:
         raise _invalid(f"{where}: {e}") from None
 
 
+_OPTIONS = ("disable_any_whitespace", "disable_additional_properties", "disable_fallback")
+
+
 def from_body(body: Mapping) -> StructuredOutputsParams | None:
-    """The constraint a body asks for, or None; at most one of the two fields may set one."""
+    """The constraint a body asks for, or None; at most one of the two fields may set one. A
+    `structured_outputs` of options only (e.g. {"disable_any_whitespace": false}: JSON with any whitespace,
+    compact being the default) tunes the constraint of `response_format`."""
+    extension = body.get("structured_outputs")
+    if isinstance(extension, dict) and extension and set(extension) <= set(_OPTIONS):
+        if not isinstance(body.get("response_format"), dict):
+            raise _invalid(f"structured_outputs {sorted(extension)} tune a constraint; give one with it")
+        spec = _response_format(body["response_format"])
+        if spec is None:
+            raise _invalid(f"structured_outputs {sorted(extension)} tune a JSON constraint; response_format is text")
+        return build("structured_outputs", **{**spec.to_dict(), **extension})
     from_format = _response_format(body.get("response_format"))
-    from_extension = _extension(body.get("structured_outputs"))
+    from_extension = _extension(extension)
     if from_format is not None and from_extension is not None:
         raise _invalid("response_format and structured_outputs both constrain the output; give one")
     return from_format or from_extension

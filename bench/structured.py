@@ -1,6 +1,10 @@
 """Structured decoding throughput vs unconstrained decoding of the same batch, on CPU, in one run.
 
-    python -m bench.structured [--requests 32] [--max-tokens 160] [--rounds 3] [--device cpu]
+    python -m bench.structured [--requests 32] [--max-tokens 160] [--rounds 3] [--device cpu] [--finish-only]
+
+First, per tiny model, how many JSON-schema outputs finish (`stop`) within the token budget of the compact
+rendering of their schema's largest instance, and how many of those validate (compact whitespace, the default,
+against vLLM's default of any whitespace).
 
 Workload: the ~25M-parameter Qwen3-shaped model of `bench.engine_cpu` (random float32 weights);
 `--requests` prompts of 16-128 tokens, each constrained by one of 8 JSON schemas (nested objects,
@@ -41,19 +45,86 @@ def schemas() -> list[dict]:
     return out
 
 
+def largest_instance(schema: dict):
+    """The longest value a schema allows (strings at maxLength, arrays at maxItems, the longest enum value,
+    numbers at their widest spelling): what a compact rendering's token budget is measured on."""
+    if "enum" in schema:
+        return max(schema["enum"], key=lambda v: len(json.dumps(v)))
+    kind = schema.get("type")
+    if kind == "object":
+        return {k: largest_instance(v) for k, v in schema.get("properties", {}).items()}
+    if kind == "array":
+        return [largest_instance(schema["items"])] * schema.get("maxItems", 4)
+    if kind == "string":
+        return "Q" * schema.get("maxLength", 16)  # "Q" never merges with itself in the tiny vocabularies
+    if kind == "integer":
+        return -abs(schema.get("maximum", 10 ** 9))
+    if kind == "number":
+        return -abs(schema.get("maximum", 10 ** 6)) - 0.123456  # a few decimals past the integer part
+    return False
+
+
+def finish_table(models: dict[str, str], requests: int) -> None:
+    """Per tiny model: JSON-schema requests at temperature 1 whose max_tokens is exactly the budget of the
+    compact rendering of their schema's largest instance; how many finish (`stop`), and how many of those
+    validate, with the default (compact) whitespace and with vLLM's default (any whitespace)."""
+    import jsonschema
+
+    from engine import LLM, SamplingParams, StructuredOutputsParams
+
+    print("| model | whitespace | finished (stop) within the compact budget | finished and valid | budgets (tokens) |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, path in models.items():
+        llm = LLM(path, dtype="float32", device="cpu", seed=0, attention_backend="torch")
+        tokenizer = llm.get_tokenizer()
+        all_schemas = schemas()
+        budgets = [len(tokenizer.encode(json.dumps(largest_instance(s), separators=(",", ":")),
+                                        add_special_tokens=False)) for s in all_schemas]
+        rng = random.Random(1)
+        prompts = [{"prompt_token_ids": [rng.randrange(100, 400) for _ in range(rng.randint(8, 64))]}
+                   for _ in range(requests)]
+        for label, whitespace in (("compact (default)", None), ("any (vLLM's default)", False)):
+            params = [SamplingParams(temperature=1.0, seed=i, max_tokens=budgets[i % len(all_schemas)],
+                                     structured_outputs=StructuredOutputsParams(
+                                         json=all_schemas[i % len(all_schemas)], disable_any_whitespace=whitespace))
+                      for i in range(requests)]
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            finished = valid = 0
+            for i, out in enumerate(outs):
+                c = out.outputs[0]
+                if c.finish_reason == "stop":
+                    finished += 1
+                    try:
+                        jsonschema.validate(json.loads(c.text), all_schemas[i % len(all_schemas)])
+                        valid += 1
+                    except (ValueError, jsonschema.ValidationError):
+                        pass
+            print(f"| {name} | {label} | {finished}/{requests} ({100 * finished / requests:.0f}%) | "
+                  f"{valid}/{finished} | {min(budgets)}-{max(budgets)} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--finish-only", action="store_true",
+                        help="only the table of outputs finishing within the compact budget (the tiny models)")
     args = parser.parse_args()
+
+    from engine.tiny import ARCHITECTURES, write_tiny_model
+
+    root = tempfile.mkdtemp()
+    models = {f"tiny {arch}": str(write_tiny_model(f"{root}/{arch}", arch)) for arch in ARCHITECTURES}
+    models["bench qwen3 (~25M)"] = str(write_tiny_model(f"{root}/bench-qwen3", "qwen3", **BENCH_CONFIG))
+    finish_table(models, args.requests)
+    if args.finish_only:
+        return
 
     import engine.llm_engine
     import engine.sampler
     from engine import LLM, SamplingParams, StructuredOutputsParams
-    from engine.tiny import write_tiny_model
-
     grammar_s = [0.0]
 
     def timed(fn):
@@ -68,13 +139,12 @@ def main() -> None:
     engine.sampler.apply_grammar_bitmask = timed(engine.sampler.apply_grammar_bitmask)
     engine.llm_engine.advance = timed(engine.llm_engine.advance)
 
-    path = write_tiny_model(tempfile.mkdtemp() + "/bench-qwen3", "qwen3", **BENCH_CONFIG)
-    llm = LLM(str(path), dtype="float32", device=args.device, seed=0)
+    llm = LLM(models["bench qwen3 (~25M)"], dtype="float32", device=args.device, seed=0)
     rng = random.Random(0)
     prompts = [{"prompt_token_ids": [rng.randrange(BENCH_CONFIG["vocab_size"]) for _ in range(rng.randint(16, 128))]}
                for _ in range(args.requests)]
-    # compact JSON: a random model otherwise spends its tokens on free whitespace
-    specs = [StructuredOutputsParams(json=s, disable_any_whitespace=True) for s in schemas()]
+    # compact JSON (the default): a random model otherwise spends its tokens on free whitespace
+    specs = [StructuredOutputsParams(json=s) for s in schemas()]
 
     start = time.perf_counter()  # cold: every grammar compiled once (the cache keeps them)
     llm.generate(prompts[: len(specs)], [SamplingParams(max_tokens=1, structured_outputs=s) for s in specs],

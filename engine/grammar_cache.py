@@ -27,8 +27,17 @@ def choice_regex(choice: list[str]) -> str:
 _ANY_OBJECT = {"type": "object"}  # json_object: OpenAI's "a JSON object", any keys
 
 
-def _json_options(spec: StructuredOutputsParams) -> dict:
-    return {"any_whitespace": not spec.disable_any_whitespace, "strict_mode": True}
+COMPACT_SEPARATORS = (",", ":")
+
+
+def _json_options(spec: StructuredOutputsParams, strict: bool = True) -> dict:
+    """Compact JSON unless the request asked for any whitespace (`disable_any_whitespace=False`): a small
+    model given free whitespace can spend its whole budget on it."""
+    if spec.disable_any_whitespace is None:  # the default here: no whitespace at all
+        return {"any_whitespace": False, "separators": COMPACT_SEPARATORS, "strict_mode": strict}
+    if spec.disable_any_whitespace:  # vLLM's True: no free whitespace, xgrammar's separators (", " and ": ")
+        return {"any_whitespace": False, "strict_mode": strict}
+    return {"any_whitespace": True, "strict_mode": strict}
 
 
 # JSON's unescaped characters as ranges of valid code points (no control characters, quote,
@@ -59,8 +68,7 @@ def _grammar(spec: StructuredOutputsParams) -> xgr.Grammar:
     if kind == "json":
         return xgr.Grammar.from_json_schema(json_safe_strings(spec.json), **_json_options(spec))
     if kind == "json_object":
-        return xgr.Grammar.from_json_schema(_ANY_OBJECT, any_whitespace=not spec.disable_any_whitespace,
-                                            strict_mode=False)
+        return xgr.Grammar.from_json_schema(_ANY_OBJECT, **_json_options(spec, strict=False))
     if kind == "regex":
         return xgr.Grammar.from_regex(spec.regex)
     if kind == "choice":

@@ -7,6 +7,7 @@ from collections.abc import Sequence as Seq
 from engine.beam_runner import run_beam_search
 from engine.beam_search import BeamSearchOutput, BeamSearchParams
 from engine.chat_prompt import render_conversation
+from engine.exceptions import VLLMValidationError
 from engine.llm_args import engine_kwargs
 from engine.llm_engine import LLMEngine, Prompt
 from engine.llm_pooling import PoolingMixin
@@ -45,14 +46,20 @@ class LLM(PoolingMixin, ScoringMixin):
         return self.llm_engine.block_manager.reset_prefix_cache()
 
     def beam_search(self, prompts: Prompt | Seq[Prompt], params: BeamSearchParams, lora_request=None,
-                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
-        """vLLM's offline beam search, its beams run in the engine (see `engine.beam_runner`); one output per prompt."""
+                    use_tqdm: bool = False, concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
+        """vLLM's offline beam search, its beams run in the engine (see `engine.beam_runner`); one output per prompt.
+        `concurrency_limit`: at most this many prompts searched at once (vLLM's; the outputs are the same)."""
         if lora_request is not None:
             raise ValueError("lora_request is not supported: the engine serves no LoRA adapters")
         if isinstance(prompts, str | dict):
             prompts = [prompts]
         token_prompts = [self.llm_engine.tokenize(p)[1] for p in prompts]
-        return run_beam_search(self, token_prompts, params)
+        if concurrency_limit is None:
+            return run_beam_search(self, token_prompts, params)
+        if not isinstance(concurrency_limit, int) or concurrency_limit < 1:
+            raise ValueError(f"concurrency_limit must be a positive integer, got {concurrency_limit!r}")
+        return [out for i in range(0, len(token_prompts), concurrency_limit)
+                for out in run_beam_search(self, token_prompts[i:i + concurrency_limit], params)]
 
     def get_metrics(self) -> list[Metric]:
         """vLLM's metric names: token and request counters, running/waiting gauges, KV cache use."""
@@ -60,9 +67,11 @@ class LLM(PoolingMixin, ScoringMixin):
 
     def generate(self, prompts: Prompt | Seq[Prompt],
                  sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-                 use_tqdm: bool = True, lora_request=None, priority: list[int] | None = None) -> list[RequestOutput]:
+                 use_tqdm: bool = True, lora_request=None,
+                 priority: int | Seq[int] | None = None) -> list[RequestOutput]:
         """Outputs in the order of `prompts`. Every prompt is checked before any runs,
-        so one bad prompt raises ValueError and nothing is half done."""
+        so one bad prompt raises ValueError and nothing is half done. `priority`: one for every
+        prompt, or a list with one per prompt (as vLLM)."""
         if lora_request is not None:
             raise ValueError("lora_request is not supported: the engine serves no LoRA adapters")
         if isinstance(prompts, str | dict):
@@ -108,7 +117,8 @@ class LLM(PoolingMixin, ScoringMixin):
             return [params] * count
         params = list(params)
         if len(params) != count:
-            raise ValueError(f"got {len(params)} sampling params for {count} prompts")
+            raise VLLMValidationError(f"The lengths of prompts ({count}) and sampling_params ({len(params)}) "
+                                      "must be the same.")
         return params
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
@@ -142,9 +152,13 @@ def _priorities(priority, count: int, policy: str) -> list[int]:
     vLLM's default first-come-first-served policy, priorities other than 0 are refused."""
     if priority is None:
         return [0] * count
+    if isinstance(priority, int) and not isinstance(priority, bool):
+        priority = [priority] * count
+    elif isinstance(priority, str | bytes | dict) or not isinstance(priority, Seq):
+        raise VLLMValidationError(f"priority must be an integer or a list of integers, got {priority!r:.40}")
     priority = list(priority)
     if len(priority) != count:
-        raise ValueError(f"got {len(priority)} priorities for {count} prompts")
+        raise VLLMValidationError(f"The lengths of prompts ({count}) and priority ({len(priority)}) must be the same.")
     for value in priority:
         check_priority(value, policy)
     return priority

@@ -131,8 +131,9 @@ class LLMEngine:
                 if not all(isinstance(t, int) for t in ids):
                     raise ValueError("prompt_token_ids must be a list of integers")
                 bad = [t for t in ids if not 0 <= t < vocab]
-                if bad:
-                    raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+                if bad:  # vLLM's words (it names the largest id; a negative one is named here too)
+                    worst = min(bad) if min(bad) < 0 else max(bad)
+                    raise ValueError(f"Token id {worst} is out of vocabulary (the vocabulary is [0, {vocab}))")
             return prompt.get("prompt"), list(ids)
         if isinstance(prompt, dict) and "prompt" in prompt:
             return self.tokenize(prompt["prompt"])
@@ -156,14 +157,13 @@ class LLMEngine:
         check_against_model(params, self.model_config.vocab_size, self.config.max_logprobs)
         if params.structured_outputs is not None:
             self.structured.check(params.structured_outputs)
-        n = len(prompt_token_ids)
+        n, limit = len(prompt_token_ids), self.max_model_len
         if n == 0:
-            raise ValueError("the prompt is empty")
-        if n >= self.max_model_len:
-            raise ValueError(
-                f"the prompt has {n} tokens, which leaves no room to generate within the model's "
-                f"context of {self.max_model_len} tokens"
-            )
+            raise ValueError("The decoder prompt cannot be empty")  # vLLM's words, here and below
+        if n >= limit:
+            plus = "" if n > limit else " plus the number of requested output tokens (at least 1)"
+            raise ValueError(f"The decoder prompt (length {n}){plus} is longer than the maximum model length of "
+                             f"{limit}. Make sure that `max_model_len` is no smaller than the number of text tokens.")
         total = min(n + (params.max_tokens or self.max_model_len), self.max_model_len)
         blocks = cdiv(total, self.config.block_size)
         if blocks > self.block_manager.num_blocks:
@@ -175,7 +175,8 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
                     arrival_time: float | None = None, priority: int = 0) -> None:
         """Queue a request; safe to call from any thread, also while another thread steps.
-        `priority` (lower first) needs scheduling_policy="priority" unless it is 0, as in vLLM."""
+        `priority` (lower first) ranks requests under scheduling_policy="priority"; under fcfs it is
+        accepted and changes nothing, as in vLLM V1."""
         check_priority(priority, self.config.scheduling_policy)
         params = params or SamplingParams(**self.default_sampling_values)
         text, ids = self.prepare(prompt, params)

@@ -57,7 +57,7 @@ CPU_OPS = replace(
     paged_attention=cpu_attention.paged_attention,
     rms_norm=compiled.rms_norm,
     fused_add_rms_norm=compiled.fused_add_rms_norm,
-    apply_rotary=compiled.apply_rotary,
+    apply_rotary=cpu_pointwise.apply_rotary,  # native at every size and dtype: never compiled
     silu_and_mul=compiled.silu_and_mul,
 )
 

@@ -1,6 +1,6 @@
 """The checks of a request's SamplingParams that need the model: token ids inside the
 vocabulary and logprob counts within `max_logprobs` (vLLM's `SamplingParams.verify`), and a
-request's priority against the scheduling policy."""
+request's priority."""
 
 from __future__ import annotations
 
@@ -34,9 +34,6 @@ def truncate_prompt(ids: list[int], keep: int | None, max_model_len: int) -> lis
 
 
 def check_priority(priority, policy: str) -> None:
-    """As vLLM: any integer under the priority policy; under fcfs, only 0."""
+    """As vLLM V1: any integer; under fcfs (the default) it is accepted and changes nothing."""
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise ValueError(f"priority must be an integer, got {priority!r:.40}")
-    if priority != 0 and policy != "priority":
-        raise ValueError(f"got priority {priority}, but priority scheduling is not enabled "
-                         f"(scheduling_policy={policy!r}; pass scheduling_policy='priority')")  # fmt: skip

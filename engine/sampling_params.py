@@ -10,12 +10,16 @@ import copy
 import enum
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from typing import Any
 
-from engine.structured_params import StructuredOutputsParams, as_structured_outputs
+from engine.beam_search import BeamSearchParams
+from engine.structured_params import GuidedDecodingParams, StructuredOutputsParams, as_structured_outputs
 
 log = logging.getLogger(__name__)
+
+# vLLM users import these from vllm.sampling_params too
+__all__ = ["SamplingParams", "RequestOutputKind", "BeamSearchParams", "GuidedDecodingParams", "StructuredOutputsParams"]
 
 # Temperatures below this sample greedily, as in vLLM: dividing logits by a temperature
 # near zero overflows to inf and the softmax to NaN.
@@ -64,8 +68,13 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     extra_args: dict[str, Any] | None = None  # kept for plugins; unused, as in vLLM
     structured_outputs: StructuredOutputsParams | None = None  # a dict is read as its fields
+    # vLLM's older name of structured_outputs (with a GuidedDecodingParams): read into structured_outputs
+    guided_decoding: InitVar[StructuredOutputsParams | None] = None
 
-    def __post_init__(self):
+    def __post_init__(self, guided_decoding=None):
+        if guided_decoding is not None:
+            _check(self.structured_outputs is None, "give structured_outputs or guided_decoding, not both")
+            self.structured_outputs = guided_decoding
         if isinstance(self.temperature, int | float) and 0 < self.temperature < _MIN_POSITIVE_TEMPERATURE:
             log.warning("temperature %s is below %s and was raised to it", self.temperature,
                         _MIN_POSITIVE_TEMPERATURE)
@@ -150,11 +159,10 @@ def _check_counts(p: SamplingParams) -> None:
         p.max_tokens is None or (_is_int(p.max_tokens) and p.max_tokens >= 1),
         f"max_tokens must be a positive integer, got {p.max_tokens!r}",
     )
-    _check(_is_int(p.min_tokens) and p.min_tokens >= 0, f"min_tokens must be >= 0, got {p.min_tokens!r}")
-    _check(
-        p.max_tokens is None or p.min_tokens <= p.max_tokens,
-        f"min_tokens ({p.min_tokens}) must not exceed max_tokens ({p.max_tokens})",
-    )
+    _check(_is_int(p.min_tokens) and p.min_tokens >= 0,
+           f"min_tokens must be greater than or equal to 0, got {p.min_tokens!r}.")
+    _check(p.max_tokens is None or p.min_tokens <= p.max_tokens,  # vLLM's words
+           f"min_tokens must be less than or equal to max_tokens={p.max_tokens}, got {p.min_tokens}.")
     for name in ("logprobs", "prompt_logprobs"):
         value = getattr(p, name)
         _check(value is None or (_is_int(value) and value >= -1),

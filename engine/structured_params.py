@@ -24,7 +24,9 @@ class StructuredOutputsParams:
     grammar: str | None = None  # EBNF (GBNF), or Lark
     json_object: bool | None = None  # any JSON object
     disable_fallback: bool = False  # one backend here (xgrammar): accepted, changes nothing
-    disable_any_whitespace: bool = False  # JSON without free whitespace between tokens
+    # JSON's whitespace: None (the default here): none at all ("," and ":" as separators); True (vLLM's): no
+    # free whitespace, xgrammar's ", " and ": "; False: any whitespace (vLLM's default)
+    disable_any_whitespace: bool | None = None
     disable_additional_properties: bool = False  # objects may not hold keys the schema does not name
     whitespace_pattern: str | None = None
     structural_tag: str | None = None
@@ -38,6 +40,10 @@ class StructuredOutputsParams:
         self.validate()
 
     @property
+    def compact_whitespace(self) -> bool:
+        return self.disable_any_whitespace is not False
+
+    @property
     def kind(self) -> str:
         return next(k for k in KINDS if getattr(self, k) is not None)
 
@@ -46,6 +52,8 @@ class StructuredOutputsParams:
         if len(given) != 1:
             raise ValueError("structured_outputs needs exactly one kind of constraint "
                              f"({', '.join(KINDS)}); got {given or 'none'}")
+        if self.disable_any_whitespace not in (None, True, False):
+            raise ValueError(f"disable_any_whitespace must be a boolean, got {self.disable_any_whitespace!r:.40}")
         if self.structural_tag is not None:
             raise ValueError("structured_outputs.structural_tag is not supported")
         if self.whitespace_pattern is not None:
@@ -60,8 +68,37 @@ class StructuredOutputsParams:
 
     def to_dict(self) -> dict:
         """The fields that differ from the defaults (the shard input line's form)."""
-        default = {"disable_fallback": False, "disable_any_whitespace": False, "disable_additional_properties": False}
+        default = {"disable_fallback": False, "disable_additional_properties": False}
         return {k: v for k, v in asdict(self).items() if v is not None and default.get(k) != v}
+
+
+_BACKEND_OPTIONS = {"disable-any-whitespace": "disable_any_whitespace", "no-fallback": "disable_fallback",
+                    "disable-additional-properties": "disable_additional_properties"}
+
+
+@dataclass
+class GuidedDecodingParams(StructuredOutputsParams):
+    """vLLM's older spelling of the same constraint (`vllm.sampling_params.GuidedDecodingParams`, given as
+    `SamplingParams(guided_decoding=...)`), with the backend it named. There is one backend here: "auto" and
+    "xgrammar" are accepted, with vLLM's options after a colon ("xgrammar:disable-any-whitespace")."""
+
+    backend: str | None = None
+    backend_was_auto: bool = False
+
+    def __post_init__(self):
+        name, _, options = (self.backend or "auto").partition(":")
+        if name not in ("auto", "xgrammar"):
+            raise ValueError(f"guided decoding backend {self.backend!r} is not supported: this engine's is xgrammar")
+        for option in filter(None, options.split(",")):
+            if option not in _BACKEND_OPTIONS:
+                raise ValueError(f"unknown guided decoding backend option {option!r}; "
+                                 f"known: {sorted(_BACKEND_OPTIONS)}")
+            setattr(self, _BACKEND_OPTIONS[option], True)
+        super().__post_init__()
+
+    def structured_outputs(self) -> StructuredOutputsParams:
+        fields = StructuredOutputsParams.__dataclass_fields__
+        return StructuredOutputsParams(**{name: getattr(self, name) for name in fields})
 
 
 _SCHEMA_TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
@@ -150,6 +187,8 @@ def check_json_object(value) -> None:
 
 def as_structured_outputs(value) -> StructuredOutputsParams | None:
     """SamplingParams' field from a StructuredOutputsParams or its dict (a shard input line)."""
+    if isinstance(value, GuidedDecodingParams):
+        return value.structured_outputs()
     if value is None or isinstance(value, StructuredOutputsParams):
         return value
     if isinstance(value, dict):

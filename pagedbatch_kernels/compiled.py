@@ -95,13 +95,13 @@ def compiling_everything():
 
 # Below where the native kernels (`cpu_pointwise`) ran faster than inductor's on a 2-core AMD EPYC
 # (AVX2): float32 norms, rotary and SiLU at every size (1.2-3x at 256..8192 rows of the vs_vllm model,
-# where torch's threads share the rows); bfloat16 norms up to ~170 rows of 384 (past that, the
+# where torch's threads share the rows); rotary at every dtype, so it is not wrapped here at all (`engine.ops`
+# names `cpu_pointwise.apply_rotary` itself); bfloat16 norms up to ~170 rows of 384 (past that, the
 # native rounding to bfloat16 is slower than inductor's loops); bfloat16 SiLU stays with torch.
 NATIVE_ALWAYS = math.inf
 rms_norm = Compiled(reference.rms_norm, eager_below={torch.float32: NATIVE_ALWAYS, None: 64 * 1024},
                     small=cpu_pointwise.rms_norm)
 fused_add_rms_norm = Compiled(reference.fused_add_rms_norm, eager_below={torch.float32: NATIVE_ALWAYS, None: 64 * 1024},
                               varying=first_dims(0, 1), small=cpu_pointwise.fused_add_rms_norm)
-apply_rotary = Compiled(reference.apply_rotary, eager_below=NATIVE_ALWAYS, small=cpu_pointwise.apply_rotary)
 silu_and_mul = Compiled(reference.silu_and_mul, eager_below={torch.float32: NATIVE_ALWAYS, None: 512 * 1024},
                         small=cpu_pointwise.silu_and_mul)

@@ -140,7 +140,6 @@ def finish_shard(
         shard.completion_tokens = counts.completion_tokens
         shard.cached_tokens = counts.cached_tokens
         shard.finished_at = utcnow()
-        shard.error = None
     return True
 
 
@@ -190,5 +189,4 @@ def split_shard(
         shard.status, shard.lease_until, shard.worker, shard.finished_at = SHARD_DONE, None, None, now
         shard.completed = shard.failed = shard.cancelled = 0
         shard.prompt_tokens = shard.completion_tokens = shard.cached_tokens = 0
-        shard.error = f"split into {', '.join(n.id for n in new)} after {attempt - 1} attempts"
         return [(n.id, n.model) for n in new]

@@ -1,5 +1,5 @@
 """Logprobs in the OpenAI bodies against the engine's real outputs on a byte-level tiny model (which
-samples lone UTF-8 bytes all the time): tokens' real bytes, pieces that join into the text, and
+samples lone UTF-8 bytes all the time): tokens' real bytes and own text, pieces that join into the text, and
 completions `top_logprobs` with k distinct entries plus the sampled token."""
 
 from __future__ import annotations
@@ -90,7 +90,12 @@ def test_chat_logprobs_bytes_and_tokens(llm, outputs):
         content = choice["logprobs"]["content"]
         ids = list(output.outputs[0].token_ids)
         assert len(content) == len(ids)
-        assert "".join(t["token"] for t in content) == choice["message"]["content"]
+        for entry, token_id in zip(content, ids):  # each token's own text, the string it has in top_logprobs too
+            assert entry["token"] == token_label(tok, token_id)
+            same = [t["token"] for t in entry["top_logprobs"] if bytes(t["bytes"]) == token_bytes(tok, token_id)]
+            assert all(t == entry["token"] for t in same)
+            if token_id not in specials and not entry["token"].startswith("bytes:"):
+                assert entry["token"] == tok.decode([token_id])  # vLLM's decoded_token, OpenAI's token
         joined = b"".join(bytes(t["bytes"]) for t, i in zip(content, ids) if i not in specials)
         assert joined.decode("utf-8", "replace") == tok.decode(ids, skip_special_tokens=True)
         for entry, token_id in zip(content, ids):
@@ -108,11 +113,13 @@ def test_completion_top_logprobs_and_offsets(llm, outputs):
         (choice,) = body["choices"]
         lp = choice["logprobs"]
         engine = output.outputs[0]
-        assert "".join(lp["tokens"]) == choice["text"]
+        assert lp["tokens"] == [token_label(tok, t) for t in engine.token_ids]  # each token's own text
+        pieces = text_pieces(tok, list(engine.token_ids), choice["text"])
         offset = 0
         for i, (token, start) in enumerate(zip(lp["tokens"], lp["text_offset"])):
-            assert start == offset and choice["text"][start : start + len(token)] == token
-            offset += len(token)
+            assert start == offset and choice["text"][start : start + len(pieces[i])] == pieces[i]
+            offset += len(pieces[i])
+            assert token in lp["top_logprobs"][i] or f"token_id:{engine.token_ids[i]}" in lp["top_logprobs"][i]
             top, sampled = engine.logprobs[i], engine.token_ids[i]
             best = sorted(top, key=lambda t: -top[t].logprob)[:K]
             expected = set(best) | {sampled}

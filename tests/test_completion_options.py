@@ -16,6 +16,7 @@ from batchfile.request import CHAT_URL, COMPLETIONS_URL
 from batchfile.responses import response_body
 from batchfile.sampling import RequestBounds
 from batchfile.shard_input import decode_request, encode_request
+from batchfile.token_text import token_label
 from engine.llm import LLM
 from store.results.rows import completed_row
 
@@ -128,7 +129,8 @@ def test_echo_with_logprobs_prepends_the_prompt_and_its_logprobs(llm, limits):
     lp = choice.logprobs
     n_prompt = len(output.prompt_token_ids)
     assert len(lp.tokens) == n_prompt + len(generated.token_ids)
-    assert "".join(lp.tokens) == choice.text
+    ids = list(output.prompt_token_ids) + list(generated.token_ids)
+    assert lp.tokens == [token_label(limits, t) for t in ids]  # each token's own text, as OpenAI
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # nothing predicts it (OpenAI: null)
     for i in range(1, n_prompt):
         entry = output.prompt_logprobs[i][output.prompt_token_ids[i]]

@@ -215,9 +215,10 @@ def test_duplicate_request_id_is_rejected(engine):
 BAD_PROMPTS = [
     ("", "empty"),
     ({"prompt_token_ids": []}, "empty"),
-    ({"prompt_token_ids": [1, VOCAB]}, "outside the vocabulary"),
-    ({"prompt_token_ids": [-1, 5]}, "outside the vocabulary"),
-    ({"prompt_token_ids": [5] * 1024}, "context"),  # the tiny model's context is 1024
+    ({"prompt_token_ids": [1, VOCAB]}, f"Token id {VOCAB} is out of vocabulary"),
+    ({"prompt_token_ids": [-1, 5]}, "Token id -1 is out of vocabulary"),
+    ({"prompt_token_ids": [5] * 1024}, r"\(length 1024\) plus .* maximum model length of 1024"),  # its context: 1024
+    ({"prompt_token_ids": [5] * 1025}, r"\(length 1025\) is longer than the maximum model length of 1024"),
     ({"prompt_token_ids": [5] * 800}, "KV blocks"),  # fits the context, not the 48-block pool
     ({"prompt_token_ids": "12 13"}, "list of integers"),
     ({"prompt_token_ids": [1, 2.5]}, "list of integers"),
@@ -284,7 +285,7 @@ def test_generate_with_one_bad_prompt_runs_nothing(llm, engine):
     with pytest.raises(ValueError, match=r"^prompt 1: temperature"):
         llm.generate([prompt(1), prompt(2)], [greedy(4), bad])
     assert_pool_free(engine)
-    with pytest.raises(ValueError, match="2 sampling params for 3 prompts"):
+    with pytest.raises(ValueError, match=r"prompts \(3\) and sampling_params \(2\) must be the same"):
         llm.generate([prompt(1), prompt(2), prompt(3)], [greedy(4), greedy(4)])
     assert_pool_free(engine)
     # The LLM is still usable and gives what a fresh run gives.
@@ -315,7 +316,7 @@ def test_context_limit_with_max_model_len(model_dir):
     llm = LLM(str(model_dir), device="cpu", dtype="float32", num_kv_blocks=24, max_model_len=128)
     engine = llm.llm_engine
     assert engine.max_model_len == 128
-    with pytest.raises(ValueError, match="context of 128 tokens"):
+    with pytest.raises(ValueError, match="maximum model length of 128"):
         llm.generate({"prompt_token_ids": [7] * 128}, greedy(1))
     assert_pool_free(engine)
     # max_tokens=None runs up to the context; a larger max_tokens is cut there too.

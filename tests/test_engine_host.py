@@ -75,7 +75,7 @@ def test_bad_request_fails_alone_and_abort_resolves_none(tiny_model):
         ])  # fmt: skip
         assert host.abort(["gone"]) == 1
         assert aborted.result(timeout=60) is None
-        with pytest.raises(ValueError, match="outside the vocabulary"):
+        with pytest.raises(ValueError, match="out of vocabulary"):
             bad.result(timeout=60)
         assert len(good.result(timeout=120).outputs[0].token_ids) == 4
         concurrent.futures.wait([good, bad, aborted])

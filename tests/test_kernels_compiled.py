@@ -91,12 +91,6 @@ def _check_pointwise_kernels(rows, dtype):
     torch.testing.assert_close(got, expected, **tol)
     gate_up = torch.randn(rows, 2 * 64, generator=gen).to(dtype)
     torch.testing.assert_close(compiled.silu_and_mul(gate_up), reference.silu_and_mul(gate_up), **tol)
-    q, k = torch.randn(rows, 4, 32, generator=gen).to(dtype), torch.randn(rows, 2, 32, generator=gen).to(dtype)
-    positions = torch.randint(0, 100, (rows,), generator=gen)
-    cos_sin = torch.randn(100, 32, generator=gen)
-    for got, expected in zip(compiled.apply_rotary(q, k, positions, cos_sin),
-                             reference.apply_rotary(q, k, positions, cos_sin)):
-        torch.testing.assert_close(got, expected, **tol)
 
 
 def test_a_kernel_that_fails_to_compile_runs_eagerly_with_a_warning(monkeypatch, caplog):
@@ -238,3 +232,17 @@ def test_after_the_warm_up_a_run_compiles_nothing(tiny_model, arch, dtype):
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (9, 2, 20, 33, 5, 12, 7, 25)]
     llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     assert dict(torch._dynamo.utils.counters["stats"]) == before
+
+
+def test_the_cpu_set_names_the_native_rotary_and_no_wrapper_is_compiled_for_nothing():
+    """A `Compiled` whose bound is infinite for every dtype never compiles: the CPU set names the kernel it
+    would always run (the native rotary) instead of wrapping it."""
+    from engine.ops import CPU_OPS
+    from pagedbatch_kernels import cpu_pointwise
+
+    assert CPU_OPS.apply_rotary is cpu_pointwise.apply_rotary
+    for name in ("rms_norm", "fused_add_rms_norm", "apply_rotary", "silu_and_mul", "write_kv_cache"):
+        kernel = getattr(CPU_OPS, name)
+        if isinstance(kernel, compiled.Compiled):
+            bounds = kernel.eager_below if isinstance(kernel.eager_below, dict) else {None: kernel.eager_below}
+            assert bounds.get(None, 0) != compiled.NATIVE_ALWAYS, f"{name} is wrapped but never compiles"

@@ -63,3 +63,18 @@ def test_waiting_for_the_schema_head_waits_for_someone_else_to_migrate(platform)
         dispose_all()
         drop_database(platform.admin_url, name)
     assert not wait_for_head("postgresql://nobody@127.0.0.1:1/none", 0.3, poll_s=0.1)  # unreachable: not yet
+
+
+def test_shards_carry_no_error_column_nobody_reads(platform):
+    """shards.error was written only on a split (which the worker logs) and read nowhere: the i36 migration
+    drops it, and the model has no such attribute."""
+    from store.models import Shard
+
+    engine = create_engine(normalize_url(platform.settings.database_url))
+    try:
+        with engine.connect() as conn:
+            columns = {c["name"] for c in inspect(conn).get_columns("shards")}
+    finally:
+        engine.dispose()
+    assert "error" not in columns and "part_key" in columns
+    assert not hasattr(Shard, "error")

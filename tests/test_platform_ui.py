@@ -249,3 +249,11 @@ def test_submit_watch_download_cancel_and_admin(browser, live_url, worker, tmp_p
     completed = driver.find_element(By.CSS_SELECTOR, "#by-status td[data-status='completed']")
     assert int(completed.text) >= 1
     _shot(driver, "07-admin")
+
+
+def test_ui_without_its_slash_redirects_to_the_dashboard(platform):
+    client = FlaskClient(platform.app())
+    r = client.get("/ui")
+    assert r.status_code in (301, 308) and r.headers["Location"].endswith("/ui/")
+    assert client.get("/ui", follow_redirects=True).request.path == "/ui/login"  # then sign-in, as for /ui/
+    assert client.get("/uix").status_code == 401  # other unknown paths still answer as before

@@ -505,7 +505,7 @@ def test_chat_completion_body(limits):
     lp = chat_completion_body(_output(logprobs=True), model="tiny", logprobs=2, tokenizer=limits)
     content = lp["choices"][0]["logprobs"]["content"]
     assert len(content) == 2 and content[0]["logprob"] == -0.5
-    assert "".join(t["token"] for t in content) == "out0"  # the tokens' pieces join into the content
+    assert [t["token"] for t in content] == [limits.tokenizer.decode([t]) for t in (10, 11)]  # their own text
     assert content[0]["bytes"] == list(limits.tokenizer.decode([10]).encode())
     assert [t["logprob"] for t in content[0]["top_logprobs"]] == [-0.5, -1.5]
     json.dumps(lp, allow_nan=False)

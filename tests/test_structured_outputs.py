@@ -95,7 +95,7 @@ def llm(model_dir):
 
 
 def _params(i: int, **spec) -> SamplingParams:
-    compact = i % 2 == 0  # half with free whitespace, as vLLM's default
+    compact = None if i % 2 == 0 else False  # half compact (the default), half with free whitespace (vLLM's)
     return SamplingParams(temperature=1.0, seed=i, max_tokens=400, n=2 if i % 9 == 0 else 1,
                           structured_outputs=StructuredOutputsParams(disable_any_whitespace=compact, **spec))
 
@@ -183,8 +183,9 @@ def test_masks_equal_xgrammars_own_matcher(model_dir, monkeypatch):
     compiler = xgr.GrammarCompiler(info, cache_enabled=False)
     steps = 0
     for spec, out in zip(specs, outs):
-        # the engine's schema: length-bounded strings spelled as JSON-safe patterns
-        compiled = (compiler.compile_json_schema(json_safe_strings(spec.json)) if spec.json is not None
+        # the engine's schema: length-bounded strings spelled as JSON-safe patterns; compact, its default
+        compiled = (compiler.compile_json_schema(json_safe_strings(spec.json), any_whitespace=False,
+                                                 separators=(",", ":")) if spec.json is not None
                     else compiler.compile_regex(spec.regex))
         matcher = xgr.GrammarMatcher(compiled)
         mask = xgr.allocate_token_bitmask(1, eng.model_config.vocab_size)

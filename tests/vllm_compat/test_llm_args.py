@@ -67,8 +67,8 @@ def test_use_tqdm_defaults_to_true_as_in_vllm(llm, capsys):
 def test_priority_lora_and_metrics(llm):
     params = SamplingParams(temperature=0.0, max_tokens=2)
     assert len(llm.generate(["a", "b"], params, use_tqdm=False, priority=[0, 0])) == 2
-    with pytest.raises(ValueError, match="priority scheduling is not enabled"):  # vLLM, under its default fcfs
-        llm.generate(["a", "b"], params, use_tqdm=False, priority=[1, 0])
+    # vLLM V1, under its default fcfs: any integer priority is accepted and changes nothing
+    assert len(llm.generate(["a", "b"], params, use_tqdm=False, priority=[1, 0])) == 2
     with pytest.raises(ValueError, match="lora_request is not supported"):
         llm.generate("a", params, use_tqdm=False, lora_request=object())
 

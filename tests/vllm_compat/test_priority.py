@@ -1,12 +1,13 @@
 """vLLM's `scheduling_policy="priority"`: waiting requests are admitted by (priority, arrival), a lower value
 first, and when the KV pool runs dry the worst-ranked running request (highest value, latest arrival) is the
-one preempted. Under the default "fcfs" a non-zero priority is refused, as vLLM does."""
+one preempted. Under the default "fcfs" any integer priority is accepted and changes nothing, as in vLLM V1."""
 
 from __future__ import annotations
 
 import pytest
 
 from engine import LLM, LLMEngine, SamplingParams
+from engine.exceptions import VLLMValidationError
 from tests.helpers import assert_pool_free
 
 
@@ -57,16 +58,17 @@ def test_the_worst_ranked_running_request_is_preempted(model_dir):
     assert ties[0] == "new"  # equal priorities: the latest arrival goes
 
 
-def test_fcfs_refuses_a_non_zero_priority_and_priority_must_be_an_integer(model_dir):
+def test_fcfs_ignores_priority_and_priority_must_be_an_integer(model_dir):
     engine = LLMEngine(str(model_dir), device="cpu", dtype="float32", num_kv_blocks=8)
-    params = SamplingParams(max_tokens=2)
-    with pytest.raises(ValueError, match="priority scheduling is not enabled"):
-        engine.add_request("a", {"prompt_token_ids": [1, 2]}, params, priority=1)
-    engine.add_request("b", {"prompt_token_ids": [1, 2]}, params, priority=0)
+    params = SamplingParams(temperature=0.0, max_tokens=2)
+    engine.add_request("a", {"prompt_token_ids": [1, 2]}, params, priority=1)  # vLLM V1: accepted under fcfs
+    engine.add_request("b", {"prompt_token_ids": [1, 2]}, params, priority=-5)
+    assert [s.request_id for s in (engine._incoming[0].seqs[0], engine._incoming[1].seqs[0])] == ["a", "b"]
+    engine.abort_request("a")
     engine.abort_request("b")
     llm = LLM(str(model_dir), device="cpu", dtype="float32", num_kv_blocks=8, scheduling_policy="priority")
     with pytest.raises(ValueError, match="priority must be an integer"):
         llm.generate(["a"], params, use_tqdm=False, priority=[1.5])
-    with pytest.raises(ValueError, match="got 1 priorities for 2 prompts"):
+    with pytest.raises(VLLMValidationError, match=r"prompts \(2\) and priority \(1\) must be the same"):
         llm.generate(["a", "b"], params, use_tqdm=False, priority=[1])
     assert not llm.llm_engine.has_unfinished_requests()  # nothing half done
