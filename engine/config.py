@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from engine.model_info import context_length, read_config
+from engine.moe_config import MOE_ARCHITECTURES, MoEConfig, moe_settings
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -20,6 +21,7 @@ SUPPORTED_ARCHITECTURES = {
     "MistralModel": "mistral",
     "Qwen2Model": "qwen2",
     "Qwen3Model": "qwen3",
+    **MOE_ARCHITECTURES,  # mixture of experts (engine/moe_config.py)
 }
 
 
@@ -62,6 +64,7 @@ class ModelConfig:
     qk_norm: bool
     eos_token_ids: list[int]
     torch_dtype: str | None
+    moe: MoEConfig | None = None  # the experts of a mixture-of-experts family
 
     @classmethod
     def load(cls, model: str | Path, max_model_len: int | None = None, revision: str | None = None,
@@ -103,11 +106,13 @@ class ModelConfig:
             rope_scaling=rope or None,
             max_model_len=context_length(raw, max_model_len),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            qkv_bias=arch == "qwen2" or bool(raw.get("attention_bias", False)),
+            qkv_bias=arch == "qwen2" or (arch == "qwen2_moe" and raw.get("qkv_bias", True))
+            or bool(raw.get("attention_bias", False)),
             o_bias=arch in ("llama", "mistral") and bool(raw.get("attention_bias", False)),
-            qk_norm=arch == "qwen3",
+            qk_norm=arch in ("qwen3", "qwen3_moe"),
             eos_token_ids=eos_ids,
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+            moe=moe_settings(raw, arch, raw["num_hidden_layers"]),
         )
 
 

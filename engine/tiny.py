@@ -11,7 +11,9 @@ from pathlib import Path
 
 import torch
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+from engine import tiny_moe
+
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", *tiny_moe.MOE_ARCHITECTURES)
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 
@@ -33,7 +35,7 @@ _CORPUS = [
 ]
 
 
-def build_tokenizer(vocab_size: int = 512):
+def build_tokenizer(vocab_size: int = 512, chat_template: str | None = None):
     """A byte-level BPE `PreTrainedTokenizerFast` with ChatML-style special tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -54,7 +56,7 @@ def build_tokenizer(vocab_size: int = 512):
         bos_token=None,
         pad_token="<|pad|>",
         unk_token=None,
-        chat_template=CHAT_TEMPLATE,
+        chat_template=chat_template or CHAT_TEMPLATE,
     )
 
 
@@ -81,13 +83,15 @@ def tiny_config(arch: str = "llama", **overrides):
     )
     if arch == "qwen3":
         kwargs["head_dim"] = 32
+    if arch in tiny_moe.MOE_ARCHITECTURES:
+        kwargs.update(tiny_moe.moe_config_kwargs(arch))
     kwargs.update(overrides)
     cls = {
         "llama": transformers.LlamaConfig,
         "mistral": transformers.MistralConfig,
         "qwen2": transformers.Qwen2Config,
         "qwen3": transformers.Qwen3Config,
-    }[arch]
+    }.get(arch) or tiny_moe.moe_config_class(arch)
     return cls(**kwargs)
 
 
@@ -107,7 +111,7 @@ def write_tiny_model(path, arch: str = "llama", seed: int = 0, dtype=torch.float
     model.generation_config.eos_token_id = config.eos_token_id
     model.generation_config.pad_token_id = config.pad_token_id
     model.save_pretrained(path)
-    tokenizer = build_tokenizer(config.vocab_size)
+    tokenizer = build_tokenizer(config.vocab_size, tiny_moe.chat_template(arch))
     tokenizer.save_pretrained(path)
     meta = {"note": "tiny random-weight model written by engine.tiny", "arch": arch, "seed": seed}
     (path / "pagedbatch_tiny.json").write_text(json.dumps(meta))

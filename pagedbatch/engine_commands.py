@@ -42,7 +42,8 @@ def _run(args) -> int:
 def add_commands(commands) -> None:
     tiny = commands.add_parser("tiny-model", help="write a tiny random-weight model directory")
     tiny.add_argument("path")
-    tiny.add_argument("--arch", default="qwen3", choices=["llama", "mistral", "qwen2", "qwen3"])
+    tiny.add_argument("--arch", default="qwen3", choices=["llama", "mistral", "qwen2", "qwen3", "mixtral",
+                                                                 "qwen2_moe", "qwen3_moe"])
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--embedding", action="store_true",
                       help="a sentence-transformers embedding model (no LM head) instead of a causal LM")

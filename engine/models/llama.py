@@ -109,10 +109,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, ops: Ops):
+    def __init__(self, cfg: ModelConfig, layer: int, ops: Ops, mlp: nn.Module | None = None):
         super().__init__()
         self.self_attn = Attention(cfg, layer, ops)
-        self.mlp = MLP(cfg, ops)
+        self.mlp = MLP(cfg, ops) if mlp is None else mlp
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
 
@@ -127,10 +127,11 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops: Ops):
+    def __init__(self, cfg: ModelConfig, ops: Ops, make_mlp=None):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, ops) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, ops, make_mlp and make_mlp(cfg, i, ops))
+                                    for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
 
 
@@ -148,12 +149,14 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: Ops):
         super().__init__()
         self.cfg = cfg
-        self.model = LlamaModel(cfg, ops)
+        self.model = LlamaModel(cfg, ops, self.make_mlp)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         cache = cos_sin_cache(cfg.head_dim, cfg.max_model_len, cfg.rope_theta, cfg.rope_scaling)
         self.register_buffer("cos_sin", cache, persistent=False)
+
+    make_mlp = None  # subclasses: (cfg, layer, ops) -> a layer's MLP, or None for the dense one
 
     def shard_sizes(self, packed_name: str) -> list[int]:
         cfg = self.cfg
