@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engine import LLM, SamplingParams
 from engine.config import ModelConfig
-from engine.models.moe import grouped_experts, route
+from engine.models.moe import dense_experts, grouped_experts, route, use_dense
 from tests.helpers import assert_pool_free, assert_same, make_prompts, reference
 
 MOE_ARCHS = ["mixtral", "qwen2_moe", "qwen3_moe"]
@@ -44,13 +44,24 @@ def test_grouped_experts_equal_per_token_sum(tokens):
         g, u = h.chunk(2, dim=-1)
         return F.silu(g) * u
 
-    got = grouped_experts(x, gate_up, down, weights, ids, silu_and_mul)
     want = torch.zeros(tokens, hidden, dtype=torch.float64)
     for t in range(tokens):
         for j in range(k):
             e = ids[t, j]
             want[t] += weights[t, j].double() * (down[e] @ silu_and_mul(gate_up[e] @ x[t]))
-    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    for path in (grouped_experts, dense_experts):
+        got = path(x, gate_up, down, weights, ids, silu_and_mul)
+        assert got.shape == (tokens, hidden) and got.dtype == x.dtype
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_dense_path_only_for_small_cpu_steps():
+    """Every expert on every token only where that is cheap: few tokens filling most experts' slots."""
+    assert use_dense(torch.zeros(8, 4), num_experts=16, top_k=2)
+    assert not use_dense(torch.zeros(2, 4), num_experts=16, top_k=2)  # 4 slots of 16 experts: grouped
+    assert not use_dense(torch.zeros(512, 4), num_experts=16, top_k=2)  # a prefill: grouped
+    assert not use_dense(torch.zeros(64, 4), num_experts=128, top_k=8)  # 16x the arithmetic: grouped
+    assert not use_dense(torch.zeros(0, 4), num_experts=16, top_k=2)
 
 
 @pytest.mark.parametrize("normalize", [False, True])
@@ -198,3 +209,15 @@ def test_chat_template_renders_as_transformers(tiny_model, arch):
         assert text.startswith("[INST] Be brief.\n\nHello! [/INST] Hi.") and text.endswith("How are you? [/INST]")
     else:
         assert text.endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.slow  # a whole model through the Triton interpreter on CPU
+def test_triton_backend_with_fused_moe_matches_transformers(tiny_model):
+    path = tiny_model("qwen2_moe")
+    prompts, max_tokens = make_prompts(seed=6, count=6, shared_prefixes=True)
+    prompts, max_tokens = [p[:60] for p in prompts], [min(n, 6) for n in max_tokens]
+    llm = LLM(str(path), attention_backend="triton", max_num_batched_tokens=32, num_kv_blocks=12)
+    assert llm.llm_engine.runner.ops.fused_moe is not None
+    _, ours = _run(llm, prompts, max_tokens)
+    assert_pool_free(llm.llm_engine)
+    assert_same(ours, reference(path, prompts, max_tokens))

@@ -6,14 +6,18 @@ and Qwen3-MoE do so where their config says. The experts' weights live as two 3-
 transformers 5 holds them: `gate_up_proj` [experts, 2 * intermediate, hidden] (gate rows first) and
 `down_proj` [experts, hidden, intermediate].
 
-`grouped_experts` sorts the (token, choice) pairs by expert and runs one pair of matmuls per expert
-that has tokens: a Python loop over experts, never over tokens. It reads the per-expert counts on
-the host, so a step through it cannot be captured in a CUDA graph (the runner keeps MoE models
-eager there).
+With the Triton kernel set the experts run in the fused kernel (`pagedbatch_kernels.fused_moe`: two
+grouped GEMM launches, no host read). Otherwise `grouped_experts` sorts the (token, choice) pairs by
+expert and runs one pair of matmuls per expert that has tokens: a Python loop over experts, never
+over tokens; on the CPU, small steps that fill most experts take `dense_experts` (every expert on
+every token, five calls). CUDA graphs stay off for MoE models for now (the fused path is graph-safe
+by construction but has not been run on a GPU here).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import replace
 
 import torch
@@ -23,6 +27,10 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.models.llama import MLP
 from engine.ops import Ops
+
+SERIAL_ROWS = 64  # on the CPU, experts' matmuls averaging fewer rows than this run on one thread
+DENSE_TOKENS = 64  # see use_dense
+MAX_DENSE_FACTOR = 8
 
 
 def route(logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,15 +58,55 @@ def grouped_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, 
     rows = x.index_select(0, token_of)
     out = torch.empty_like(rows)
     start = 0
-    for expert, count in enumerate(counts):
-        if count:
-            end = start + count
-            out[start:end] = F.linear(silu_and_mul(F.linear(rows[start:end], gate_up[expert])), down[expert])
-            start = end
+    with _one_thread_if(x.device.type == "cpu" and len(flat) < SERIAL_ROWS * len(counts)):
+        for expert, count in enumerate(counts):
+            if count:
+                end = start + count
+                out[start:end] = F.linear(silu_and_mul(F.linear(rows[start:end], gate_up[expert])), down[expert])
+                start = end
     scaled = out.float() * weights.reshape(-1).index_select(0, order).unsqueeze(1)
     total = torch.zeros(tokens, hidden, dtype=torch.float32, device=x.device)
     total.index_add_(0, token_of, scaled)
     return total.to(x.dtype)
+
+
+def dense_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
+                  ids: torch.Tensor, silu_and_mul) -> torch.Tensor:
+    """`grouped_experts` by running every expert on every token and weighting the unchosen by zero:
+    E/k times the arithmetic, in five calls whatever the number of experts. For the CPU's small
+    steps (decodes), where each call costs more than its arithmetic and most experts are chosen
+    by some token anyway (so every expert's weights are read either way)."""
+    tokens, hidden = x.shape
+    experts, double, _ = gate_up.shape
+    h = silu_and_mul(F.linear(x, gate_up.reshape(experts * double, hidden)).reshape(tokens * experts, double))
+    out = torch.bmm(h.reshape(tokens, experts, double // 2).transpose(0, 1), down.transpose(1, 2))  # [E, T, H]
+    dense = torch.zeros(tokens, experts, dtype=torch.float32, device=x.device).scatter_(1, ids, weights.float())
+    return torch.einsum("te,eth->th", dense, out.float()).to(x.dtype)
+
+
+def use_dense(x: torch.Tensor, num_experts: int, top_k: int) -> bool:
+    """The dense path on the CPU for up to DENSE_TOKENS tokens choosing at least half the experts' worth
+    of slots (and never where it multiplies the arithmetic more than MAX_DENSE_FACTOR times)."""
+    tokens = x.shape[0]
+    return (x.device.type == "cpu" and os.environ.get("PAGEDBATCH_MOE_PATH") != "grouped"
+            and 0 < tokens <= DENSE_TOKENS and 2 * tokens * top_k >= num_experts
+            and num_experts <= MAX_DENSE_FACTOR * top_k)
+
+
+@contextlib.contextmanager
+def _one_thread_if(serial: bool):
+    """One intra-op thread for the experts' small matmuls: each is too small to share, and a
+    parallel region per matmul waits on every thread of the team (on a busy host, for one that is
+    descheduled)."""
+    if not serial or os.environ.get("PAGEDBATCH_MOE_THREADS") == "all":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class Experts(nn.Module):
@@ -70,6 +118,10 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        if self.ops.fused_moe is not None:
+            return self.ops.fused_moe(x, self.gate_up_proj, self.down_proj, weights, ids)
+        if use_dense(x, self.gate_up_proj.shape[0], ids.shape[1]):
+            return dense_experts(x, self.gate_up_proj, self.down_proj, weights, ids, self.ops.silu_and_mul)
         return grouped_experts(x, self.gate_up_proj, self.down_proj, weights, ids, self.ops.silu_and_mul)
 
 
