@@ -98,10 +98,10 @@ def _one_thread_if(serial: bool):
     """One intra-op thread for the experts' small matmuls: each is too small to share, and a
     parallel region per matmul waits on every thread of the team (on a busy host, for one that is
     descheduled)."""
-    if not serial or os.environ.get("PAGEDBATCH_MOE_THREADS") == "all":
+    before = torch.get_num_threads()
+    if not serial or before == 1 or os.environ.get("PAGEDBATCH_MOE_THREADS") == "all":
         yield
         return
-    before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         yield
@@ -142,8 +142,9 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert = self.shared_expert_gate = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = route(self.gate(x), self.top_k, self.normalize)
-        out = self.experts(x, weights, ids)
-        if self.shared_expert is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        with _one_thread_if(x.device.type == "cpu" and x.shape[0] <= DENSE_TOKENS):  # a decode step's few rows
+            weights, ids = route(self.gate(x), self.top_k, self.normalize)
+            out = self.experts(x, weights, ids)
+            if self.shared_expert is not None:
+                out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
