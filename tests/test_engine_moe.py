@@ -221,3 +221,15 @@ def test_triton_backend_with_fused_moe_matches_transformers(tiny_model):
     _, ours = _run(llm, prompts, max_tokens)
     assert_pool_free(llm.llm_engine)
     assert_same(ours, reference(path, prompts, max_tokens))
+
+
+@pytest.mark.parametrize("arch,architecture", [("mixtral", "MixtralForCausalLM"), ("qwen2_moe", "Qwen2MoeForCausalLM"),
+                                               ("qwen3_moe", "Qwen3MoeForCausalLM")])
+def test_cli_tiny_model_writes_each_family(tmp_path, capsys, arch, architecture):
+    from pagedbatch.cli import main
+
+    path = tmp_path / arch
+    assert main(["tiny-model", str(path), "--arch", arch]) == 0
+    assert capsys.readouterr().out.strip() == str(path)
+    assert json.loads((path / "config.json").read_text())["architectures"] == [architecture]
+    assert ModelConfig.load(path).moe is not None
