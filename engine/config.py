@@ -10,6 +10,7 @@ import torch
 
 from engine.model_families import family_settings, rope_parameters, text_config
 from engine.model_info import context_length, read_config
+from engine.moe_config import MOE_ARCHITECTURES, MoEConfig, moe_settings
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -29,6 +30,7 @@ SUPPORTED_ARCHITECTURES = {
     "Olmo2ForCausalLM": "olmo2",
     "GraniteForCausalLM": "granite",
     "Mistral3ForConditionalGeneration": "mistral",  # the text model; the vision tower is not loaded
+    **MOE_ARCHITECTURES,  # mixture of experts (engine/moe_config.py)
 }
 
 
@@ -86,6 +88,7 @@ class ModelConfig:
     logits_divisor: float = 1.0  # Granite's logits_scaling
     rotary_dim: int | None = None  # partial rotary (Phi-3/4); None: head_dim
     local_rope: dict | None = None  # Gemma 3: the sliding layers' {"rope_theta", "rope_type", ...}
+    moe: MoEConfig | None = None  # the experts of a mixture-of-experts family
 
     @classmethod
     def load(cls, model: str | Path, max_model_len: int | None = None, revision: str | None = None,
@@ -126,11 +129,14 @@ class ModelConfig:
             rope_scaling=rope or None,
             max_model_len=context_length(raw, max_model_len),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            qkv_bias=arch == "qwen2" or bool(raw.get("attention_bias", False)),
-            o_bias=arch not in ("qwen2", "qwen3", "phi3") and bool(raw.get("attention_bias", False)),
-            qk_norm=arch in ("qwen3", "gemma3", "olmo2"),
+            qkv_bias=arch == "qwen2" or (arch == "qwen2_moe" and raw.get("qkv_bias", True))
+            or bool(raw.get("attention_bias", False)),
+            o_bias=arch not in ("qwen2", "qwen3", "phi3", "qwen2_moe", "qwen3_moe")
+            and bool(raw.get("attention_bias", False)),
+            qk_norm=arch in ("qwen3", "gemma3", "olmo2", "qwen3_moe"),
             eos_token_ids=eos_ids,
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+            moe=moe_settings(raw, arch, raw["num_hidden_layers"]),
             **family_settings(raw, arch, head_dim),
         )
 

@@ -46,6 +46,12 @@ def load_weights(model: LlamaForCausalLM, path: Path, lm_head_optional: bool = F
                     name = f"model.{name}"
                 if name == "lm_head.weight" and model.cfg.tie_word_embeddings:
                     continue
+                slot = model.checkpoint_slot(name, params) if hasattr(model, "checkpoint_slot") else None
+                if slot is not None:  # a layout the model places itself (mixture-of-experts weights)
+                    with torch.no_grad():
+                        _copy(slot[0], f.get_tensor(tensor_name), name)
+                    loaded.update(slot[1])
+                    continue
                 target, shard = _target(name, model)
                 if target not in params:
                     raise ValueError(f"checkpoint weight {name!r} has no place in the model")
@@ -94,6 +100,10 @@ def _check_complete(model, params, loaded) -> None:
     for name in params:
         if (name == "lm_head.weight" and model.cfg.tie_word_embeddings) or name in loaded:
             continue  # (a fused weight the checkpoint holds whole, as Phi-3's qkv_proj)
+        keys = model.expected_keys(name) if hasattr(model, "expected_keys") else None
+        if keys is not None:
+            missing += [k for k in keys if k not in loaded]
+            continue
         packed = next((p for p in ("qkv_proj", "gate_up_proj") if f".{p}." in name), None)
         if packed:
             count = len(model.shard_sizes(packed))

@@ -17,7 +17,8 @@ from engine.cpu_malloc import keep_freed_memory
 from engine.cuda_graph import DecodeGraphRunner, batch_size_ladder
 from engine.device import to_device
 from engine.loader import load_weights
-from engine.models.llama import AttentionInputs, LlamaForCausalLM
+from engine.models.factory import build_model
+from engine.models.llama import AttentionInputs
 from engine.ops import select_ops
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
@@ -40,7 +41,7 @@ class ModelRunner:
         if device.type == "cpu":
             keep_freed_memory()
         with torch.device(device):
-            model = LlamaForCausalLM(model_config, self.ops)
+            model = build_model(model_config, self.ops)
         model.to(dtype=dtype)
         model.cos_sin = model.cos_sin.float()
         if hasattr(model, "cos_sin_local"):
@@ -68,7 +69,8 @@ class ModelRunner:
         """On CUDA with kernels that a graph can hold, unless told to stay eager."""
         cfg = self.config
         return (self.device.type == "cuda" and self.ops.graph_capturable and not cfg.enforce_eager
-                and not cfg.static_decode_eager)
+                and not cfg.static_decode_eager
+                and self.model_config.moe is None)  # the grouped experts read their counts on the host
 
     def _graph_batch(self) -> int:
         """The largest decode batch served from the static buffers."""

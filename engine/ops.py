@@ -33,6 +33,9 @@ class Ops:
     fused_add_rms_norm: Callable
     apply_rotary: Callable
     silu_and_mul: Callable
+    # The mixture-of-experts experts in one fused kernel (moe_align's signature), where the set has one;
+    # without it the model groups the rows by expert itself (engine/models/moe.py).
+    fused_moe: Callable | None = None
 
 
 TORCH_OPS = Ops(
@@ -76,6 +79,7 @@ def triton_ops() -> Ops:
         fused_add_rms_norm=t.fused_add_rms_norm,
         apply_rotary=t.apply_rotary,
         silu_and_mul=t.silu_and_mul,
+        fused_moe=t.fused_moe,
     )
 
 

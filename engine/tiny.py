@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from engine import tiny_moe
+
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "gemma3-mm", "phi3", "olmo2", "granite",
-                 "mistral3")
+                 "mistral3", *tiny_moe.MOE_ARCHITECTURES)
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 
@@ -63,6 +65,7 @@ def build_tokenizer(vocab_size: int = 512, arch: str = "llama"):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     template, extra, eos, bos = FAMILY_CHAT.get(arch, (CHAT_TEMPLATE, [], "<|im_end|>", None))
+    template = tiny_moe.chat_template(arch) or template
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=SPECIAL_TOKENS + extra,
@@ -102,6 +105,8 @@ def tiny_config(arch: str = "llama", **overrides):
     if arch == "qwen3":
         kwargs["head_dim"] = 32
     kwargs.update(_FAMILY_DEFAULTS.get(arch, {}))
+    if arch in tiny_moe.MOE_ARCHITECTURES:
+        kwargs.update(tiny_moe.moe_config_kwargs(arch))
     if arch in ("gemma3-mm", "mistral3"):
         return _multimodal_config(arch, kwargs, overrides)
     kwargs.update(overrides)
@@ -144,7 +149,7 @@ def _config_class(arch: str):
         "phi3": transformers.Phi3Config,
         "olmo2": transformers.Olmo2Config,
         "granite": transformers.GraniteConfig,
-    }[arch]
+    }.get(arch) or tiny_moe.moe_config_class(arch)
 
 
 def _multimodal_config(arch: str, text: dict, overrides: dict):

@@ -137,10 +137,10 @@ class DecoderLayer(nn.Module):
     norm) adds them. Layouts: `pre` norms each block's input (Llama); `sandwich` also norms each
     block's output (Gemma's pre/post feed-forward norms); `post` norms only the outputs (OLMo 2)."""
 
-    def __init__(self, cfg: ModelConfig, layer: int, ops: Ops):
+    def __init__(self, cfg: ModelConfig, layer: int, ops: Ops, mlp: nn.Module | None = None):
         super().__init__()
         self.self_attn = Attention(cfg, layer, ops)
-        self.mlp = MLP(cfg, ops)
+        self.mlp = MLP(cfg, ops) if mlp is None else mlp
         self.layout = cfg.norm_layout
         self.residual_multiplier = cfg.residual_multiplier
         size, eps = cfg.hidden_size, cfg.rms_norm_eps
@@ -179,10 +179,11 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops: Ops):
+    def __init__(self, cfg: ModelConfig, ops: Ops, make_mlp=None):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, ops) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, ops, make_mlp and make_mlp(cfg, i, ops))
+                                    for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
 
 
@@ -200,7 +201,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: Ops):
         super().__init__()
         self.cfg = cfg
-        self.model = LlamaModel(cfg, ops)
+        self.model = LlamaModel(cfg, ops, self.make_mlp)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -217,6 +218,8 @@ class LlamaForCausalLM(nn.Module):
             cfg.layer_windows or cfg.attn_softcap or cfg.final_softcap or cfg.embedding_scale
             or cfg.residual_multiplier != 1.0 or cfg.logits_divisor != 1.0 or cfg.hidden_act != "silu"
             or (cfg.rotary_dim or cfg.head_dim) != cfg.head_dim or cfg.qk_norm_scope != "head")
+
+    make_mlp = None  # subclasses: (cfg, layer, ops) -> a layer's MLP, or None for the dense one
 
     def shard_sizes(self, packed_name: str) -> list[int]:
         cfg = self.cfg
