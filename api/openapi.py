@@ -94,6 +94,12 @@ def _meta_paths() -> dict:
     return {
         "/openapi.json": {"get": _operation("This document", any_object, {}, **PUBLIC)},
         "/healthz": {"get": _operation("Liveness and database check", any_object, {}, **PUBLIC)},
+        "/readyz": {
+            "get": _operation(
+                "Readiness: database and storage (status ok or degraded: storage not writable, or low on space)",
+                any_object, {}, **PUBLIC,
+            )  # fmt: skip
+        },
         "/metrics": {"get": _operation("Prometheus metrics", ("200", PROMETHEUS_TEXT), {}, **PUBLIC)},
         "/v1/models": {
             "get": _operation("Models this deployment serves", ("200", _json(_ref("ModelList"))), AUTH)

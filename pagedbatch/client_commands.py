@@ -55,7 +55,10 @@ def _submit(args) -> int:
 
 
 def _status(args) -> int:
-    print(json.dumps(_client(args).job(args.job_id), indent=2))
+    job = _client(args).job(args.job_id)
+    if job.get("status_detail"):  # why it waits (the storage is full, unreachable...)
+        print(f"job {job['id']}: {job['status']} ({job['status_detail']})", file=sys.stderr)
+    print(json.dumps(job, indent=2))
     return 0
 
 

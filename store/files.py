@@ -19,6 +19,7 @@ from store.pagination import page
 from store.paths import file_key
 from store.settings import Settings
 from store.storage import get_storage
+from store.storage_faults import health, storage_fault
 
 
 def store_upload(
@@ -40,8 +41,17 @@ def store_upload(
     file_id = ids.file_id()
     key = file_key(file_id)
     storage = get_storage(settings.storage_url)
-    with storage.open_write(key) as out:
-        size, lines = _copy_within_limits(settings, chunks, out, room)
+    try:
+        with storage.open_write(key) as out:  # on any error nothing is left: no file, no upload
+            size, lines = _copy_within_limits(settings, chunks, out, room)
+    except StoreError:
+        raise
+    except Exception as exc:
+        fault = storage_fault(exc, "storing the uploaded file")
+        if fault is None:
+            raise
+        raise fault from exc  # 507 when full, 503 + Retry-After when it may pass: never the raw error
+    health.worked()
     now = utcnow()
     record = File(
         id=file_id,
