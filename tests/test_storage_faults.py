@@ -17,8 +17,8 @@ from datetime import timedelta
 
 import pytest
 
-import store.results.part_writer
 import store.results.parquet
+import store.results.part_writer
 import store.results.parts
 import store.storage
 from batchfile.errors import LineError
@@ -33,7 +33,6 @@ from store.storage_faults import (
     NOT_FOUND,
     PERMANENT,
     TRANSIENT,
-    StorageFault,
     classify,
     health,
     retrying,
@@ -228,9 +227,7 @@ def _job(settings, job_id) -> Job:
         return s.get(Job, job_id)
 
 
-def test_a_finalizer_that_hits_a_full_disk_gives_its_claim_back_and_the_sweeper_finishes_it(
-    deployment, monkeypatch
-):
+def test_a_finalizer_that_hits_a_full_disk_gives_its_claim_back_and_the_sweeper_finishes_it(deployment, monkeypatch):
     from api.app import create_app
     from workers.sweeper import _finalize_finished_jobs
 
