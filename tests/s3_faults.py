@@ -10,6 +10,7 @@ connection is refused) until `come_back`.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import random
 import socket
@@ -141,9 +142,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _drop(self) -> None:
         self.close_connection = True
-        try:
+        with contextlib.suppress(OSError):
             self.connection.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
 
     do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
