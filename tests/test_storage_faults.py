@@ -16,6 +16,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from openai.types import Batch as OpenAIBatch
 
 import store.results.parquet
 import store.results.part_writer
@@ -39,6 +40,7 @@ from store.storage_faults import (
     storage_fault,
 )
 from tests.helpers import chat_line, jsonl, validated
+from tests.test_platform_ui import _signed_in
 
 REAL_ATOMIC_WRITE = store.storage.atomic_write
 
@@ -227,7 +229,21 @@ def _job(settings, job_id) -> Job:
         return s.get(Job, job_id)
 
 
-def test_a_finalizer_that_hits_a_full_disk_gives_its_claim_back_and_the_sweeper_finishes_it(deployment, monkeypatch):
+def _cli_status(monkeypatch, job: dict, capsys) -> str:
+    """What `pagedbatch status JOB` prints to stderr for this job object."""
+    from types import SimpleNamespace
+
+    from pagedbatch import client_commands
+
+    monkeypatch.setattr(client_commands, "_client", lambda _args: SimpleNamespace(job=lambda _id: job))
+    capsys.readouterr()
+    assert client_commands._status(SimpleNamespace(job_id=job["id"])) == 0
+    return capsys.readouterr().err
+
+
+def test_a_finalizer_that_hits_a_full_disk_gives_its_claim_back_and_the_sweeper_finishes_it(
+    deployment, monkeypatch, capsys
+):
     from api.app import create_app
     from workers.sweeper import _finalize_finished_jobs
 
@@ -248,6 +264,13 @@ def test_a_finalizer_that_hits_a_full_disk_gives_its_claim_back_and_the_sweeper_
     batch = client.get(f"/v1/batches/{job_id}").get_json()
     assert batch["errors"]["data"] == [{"code": "storage_full", "message": "storage_full: finalizing will retry",
                                         "param": None, "line": None}]  # fmt: skip
+    assert OpenAIBatch.model_validate(batch, strict=True).errors.data[0].code == "storage_full"  # OpenAI's shape
+    ui = _signed_in(client.application, key)
+    shown = {j["id"]: j for j in ui.get("/ui/jobs.json").get_json()["jobs"]}[job_id]
+    assert shown["status_detail"] == "storage_full: finalizing will retry"
+    assert "status-detail" in ui.get("/ui/").get_data(as_text=True)  # the page renders it under the status
+    printed = _cli_status(monkeypatch, native, capsys)
+    assert f"job {job_id}: finalizing (storage_full: finalizing will retry)" in printed
     assert [name for _, _, names in os.walk(settings.storage_url) for name in names if ".tmp" in name] == []
 
     time.sleep(settings.storage_retry_max_s + 0.1)
