@@ -136,6 +136,10 @@ class _Health:
             log.warning("storage %s (%s) while %s: %s: %s; retrying with backoff, logged again when it recovers",
                         CODES[kind], kind, op, type(exc).__name__, exc)  # fmt: skip
 
+    def count(self, kind: str, op: str) -> None:
+        with self.lock:
+            self.errors[(kind, op)] += 1
+
     def worked(self) -> None:
         if not self.failing:
             return
@@ -177,10 +181,10 @@ def retrying(fn: Callable[[], T], op: str, attempts: int = 4, base_s: float = 0.
         except Exception as exc:
             if attempt == attempts - 1 or classify(exc) != TRANSIENT:
                 raise
+            health.count(TRANSIENT, op)  # counted for the metrics; a retry that passes is no condition to log
             time.sleep(backoff_s(attempt + 1, base_s, base_s * 8))
             continue
-        health.worked()
-        return result
+        return result  # (reads work on a full disk: only a write's success ends a condition, `health.worked`)
     raise AssertionError("unreachable")
 
 

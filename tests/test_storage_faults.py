@@ -149,7 +149,9 @@ def test_transient_failures_are_retried_with_backoff_others_raise_at_once():
             raise _translated("SlowDown", 503)
         return "ok"
 
+    before = health.snapshot()[0].get((TRANSIENT, "reading"), 0)
     assert retrying(flaky, "reading", base_s=0.05) == "ok" and len(calls) == 3
+    assert health.snapshot()[0][(TRANSIENT, "reading")] == before + 2  # the metrics count retried failures
     assert calls[1] - calls[0] >= 0.025 and calls[2] - calls[1] >= 0.05  # backoff: half to all of 0.05, 0.1
     denied = []
 
@@ -165,6 +167,7 @@ def test_transient_failures_are_retried_with_backoff_others_raise_at_once():
 def test_a_condition_is_logged_once_not_per_retry_and_again_once_it_recovers(caplog):
     health.worked()  # nothing failing before
     caplog.set_level(logging.WARNING, logger="store.storage_faults")
+    caplog.clear()
     for _ in range(5):
         storage_fault(OSError(errno.ENOSPC, "No space left on device"), "writing a shard's results")
     health.worked()
