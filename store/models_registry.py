@@ -98,16 +98,8 @@ def running_workers(settings: Settings) -> list[RunningWorker]:
         ).all()
         return [
             RunningWorker(
-                r.worker,
-                r.model,
-                r.path,
-                list(r.endpoints),
-                r.max_model_len,
-                r.hostname,
-                r.pid,
-                r.metrics_port,
-                r.started_at,
-                r.heartbeat_at,
+                r.worker, r.model, r.path, list(r.endpoints), r.max_model_len, r.hostname, r.pid,
+                r.metrics_port, r.started_at, r.heartbeat_at,
             )
             for r in rows
         ]

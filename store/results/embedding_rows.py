@@ -24,16 +24,8 @@ VECTOR = pa.list_(pa.float32())
 VECTORS = pa.list_(VECTOR)
 
 
-def embedding_row(
-    request: ParsedRequest,
-    output,
-    *,
-    shard_id: str | None = None,
-    tokenizer=None,
-    created_at=None,
-    started_at=None,
-    finished_at=None,
-) -> dict:
+def embedding_row(request: ParsedRequest, output, *, shard_id: str | None = None, tokenizer=None,
+                  created_at=None, started_at=None, finished_at=None) -> dict:
     """`output`: the engine's pooling output for the line's inputs (`outputs.data`, [inputs, dim])."""
     vectors = output.outputs.data.tolist()
     row = dict.fromkeys(RESULT_SCHEMA.names)
