@@ -38,6 +38,8 @@ class FaultyS3Proxy:
         self._random = random.Random(seed)
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
+        self._connections: set[socket.socket] = set()  # open client connections (kept alive between requests)
+        self.down = False
         self.port = port
         self.come_back()
 
@@ -50,11 +52,17 @@ class FaultyS3Proxy:
         self.drop_upload_parts = False
 
     def go_down(self) -> None:
-        """The endpoint is gone: the port is closed (connections are refused)."""
+        """The endpoint is gone: the port is closed (connections are refused) and open connections are cut."""
+        self.down = True
         server, self._server = self._server, None
         if server is not None:
             server.shutdown()
             server.server_close()
+        with self._lock:
+            connections = list(self._connections)
+        for connection in connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
 
     def come_back(self) -> None:
         proxy = self
@@ -62,6 +70,7 @@ class FaultyS3Proxy:
         class Handler(_Handler):
             owner = proxy
 
+        self.down = False
         server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         server.daemon_threads = True
         self.port = server.server_address[1]
@@ -92,12 +101,26 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *_args) -> None:
         pass
 
+    def setup(self) -> None:
+        super().setup()
+        with self.owner._lock:
+            self.owner._connections.add(self.connection)
+
+    def finish(self) -> None:
+        with self.owner._lock:
+            self.owner._connections.discard(self.connection)
+        with contextlib.suppress(OSError):
+            super().finish()
+
     def _body(self) -> bytes:
         length = int(self.headers.get("Content-Length") or 0)
         return self.rfile.read(length) if length else b""
 
     def _handle(self) -> None:
         proxy = self.owner
+        if proxy.down:  # a request on a connection opened before the endpoint went away
+            self._drop()
+            return
         is_part = "partNumber=" in self.path and "uploadId=" in self.path and self.command == "PUT"
         if is_part and proxy.drop_upload_parts:  # the connection drops mid-upload: half the body read
             self.rfile.read(max(int(self.headers.get("Content-Length") or 0) // 2, 1))
