@@ -17,6 +17,7 @@ _TYPES = {
     429: "rate_limit_error",
     500: "server_error",
     503: "server_error",
+    507: "server_error",
 }
 
 

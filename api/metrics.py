@@ -23,6 +23,7 @@ from broker.queue import queue_size
 from store import models_registry
 from store.settings import Settings
 from store.stats import jobs_by_status
+from store.storage_health import StorageCollector
 
 UNMATCHED = "unmatched"  # requests that matched no route share one label value, whatever their path
 
@@ -100,6 +101,7 @@ def metrics():
         return refused
     platform_registry = CollectorRegistry()
     platform_registry.register(PlatformCollector(settings()))
+    platform_registry.register(StorageCollector(settings()))
     body = generate_latest(process_registry()) + generate_latest(platform_registry)
     return Response(body, content_type=CONTENT_TYPE_LATEST)
 

@@ -191,6 +191,8 @@ class Job(ApiObject):
     shards: int
     errors: list[LineError]
     """The first line errors"""
+    status_detail: str | None
+    """Why the job waits, while it does (e.g. "storage_full: finalizing will retry"); null once it moves on"""
     created_at: int = Field(description="Unix seconds")
     in_progress_at: Timestamp
     expires_at: Timestamp

@@ -75,6 +75,13 @@ def _meta_paths() -> dict:
     return {
         "/openapi.json": {"get": _operation("getOpenapi", "This document", any_object, {}, **PUBLIC)},
         "/healthz": {"get": _operation("getHealth", "Liveness and database check", any_object, {}, **PUBLIC)},
+        "/readyz": {
+            "get": _operation(
+                "getReadiness",
+                "Readiness: database and storage (status ok or degraded: storage not writable, or low on space)",
+                any_object, {}, **PUBLIC,
+            )
+        },
         "/metrics": {"get": _operation("getMetrics", "Prometheus metrics", ("200", PROMETHEUS_TEXT), {}, **PUBLIC)},
         "/v1/models": {
             "get": _operation("listModels", "Models this deployment serves", ("200", _json(_ref("ModelList"))), AUTH)

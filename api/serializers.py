@@ -45,10 +45,19 @@ def _line_errors(job: Job) -> list[objects.LineError]:
     ]
 
 
+def _waiting(job: Job) -> list[objects.LineError]:
+    """Why the job waits (its status_detail) as an error entry without a line: OpenAI's Batch has no other field
+    for it. Gone once the job moves on."""
+    if not job.status_detail:
+        return []
+    code = job.status_detail.split(":", 1)[0]
+    return [objects.LineError(code=code, message=job.status_detail, param=None, line=None)]
+
+
 def batch_object(job: Job, progress: Progress) -> objects.Batch:
     """OpenAI's Batch. Lines that failed validation and cancelled requests count as failed requests, so
     that `completed` and `failed` are the lines of the output and error files."""
-    errors = _line_errors(job)
+    errors = _line_errors(job) + _waiting(job)
     return objects.Batch(
         id=job.id,
         endpoint=job.endpoint or "/v1/chat/completions",
@@ -107,6 +116,7 @@ def job_object(job: Job, progress: Progress) -> objects.Job:
         progress=round(progress.requests_done / valid, 4) if valid else 1.0,
         shards=job.shard_count,
         errors=_line_errors(job),
+        status_detail=job.status_detail,
         **_timestamps(job),
     )
 

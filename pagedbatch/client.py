@@ -136,6 +136,8 @@ class Client:
                 if bar is not None and finished > done:
                     bar.update(finished - done)
                     done = finished
+                if bar is not None:
+                    bar.set_postfix_str(job.get("status_detail") or "", refresh=False)  # why it waits
             if bar is not None:
                 bar.update(max(job["request_counts"]["valid"] - done, 0))
         finally:

@@ -118,7 +118,10 @@ def _show_submitted(args, job: dict) -> None:
 
 
 def _status(args) -> int:
-    _emit(args, _Api(args).job(args.job_id))
+    job = _Api(args).job(args.job_id)
+    if job.get("status_detail"):  # why it waits (the storage is full, unreachable...)
+        print(f"job {job['id']}: {job['status']} ({job['status_detail']})", file=sys.stderr)
+    _emit(args, job)
     return EXIT_OK
 
 

@@ -12,13 +12,14 @@ from sqlalchemy.orm import Session
 from batchfile.lines import LineCounter
 from store import ids
 from store.db import session_scope
-from store.errors import Conflict, NotFound, TooLarge
+from store.errors import Conflict, NotFound, StoreError, TooLarge
 from store.limits import QuotaExceeded, check_file_quota, check_job_room, upload_room
 from store.models import ACTIVE_STATUSES, File, Job, utcnow
 from store.pagination import page
 from store.paths import file_key
 from store.settings import Settings
 from store.storage import get_storage
+from store.storage_faults import health, storage_fault
 
 
 def store_upload(
@@ -40,10 +41,19 @@ def store_upload(
     file_id = ids.file_id()
     key = file_key(file_id)
     storage = get_storage(settings.storage_url)
-    with storage.open_write(key) as out:
-        size, lines, cr_only = _copy_within_limits(settings, chunks, out, room)
-    if cr_only:
-        lines = _end_lines_with_line_feeds(settings, storage, key)
+    try:
+        with storage.open_write(key) as out:  # on any error nothing is left: no file, no upload
+            size, lines, cr_only = _copy_within_limits(settings, chunks, out, room)
+        if cr_only:
+            lines = _end_lines_with_line_feeds(settings, storage, key)
+    except StoreError:
+        raise
+    except Exception as exc:
+        fault = storage_fault(exc, "storing the uploaded file")
+        if fault is None:
+            raise
+        raise fault from exc  # 507 when full, 503 + Retry-After when it may pass: never the raw error
+    health.worked()
     now = utcnow()
     record = File(
         id=file_id,

@@ -7,6 +7,7 @@ row lock lets exactly one caller do it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -38,8 +39,12 @@ from store.results.parts import ResultsStore, results_store
 from store.results.rows import cancelled_row, expired_row
 from store.settings import Settings
 from store.storage import get_storage
+from store.storage_faults import TRANSIENT, StorageFault, classify, health
+from store.storage_waits import clear_wait, due, record_failure
 
-STALE_FINALIZE = timedelta(minutes=10)  # a finalizer silent this long is presumed dead
+log = logging.getLogger(__name__)
+
+STALE_FINALIZE = timedelta(minutes=10)  # a finalizer silent this long (died without raising) is presumed dead
 
 
 @dataclass
@@ -48,21 +53,42 @@ class _Finalization:
     tenant: str
     created_at: datetime
     never_run: list[tuple[str, str]]  # (shard id, input key) of the shards stopped before they ran
+    expected_rows: int  # every input line has one row in the parts
 
 
 def maybe_finalize(settings: Settings, job_id: str) -> bool:
-    """Finalize the job if every shard is finished; True when this call did it."""
+    """Finalize the job if every shard is finished; True when this call did it.
+
+    A finalizer that fails gives its claim back at once and records why on the job (`store.storage_waits`):
+    the sweeper finalizes it again after a backoff; a permanent storage failure fails the job."""
     plan = _start(settings, job_id)
     if plan is None:
         return False
+    try:
+        done = _finalize(settings, job_id, plan)
+    except Exception as exc:  # noqa: BLE001 - recorded on the job, retried by the sweeper
+        record_failure(settings, job_id, exc, "finalizing the results", "finalizing will retry", _keep)
+        if classify(exc) is None:
+            log.exception("finalizing %s failed; it will be retried", job_id)
+        return False
+    health.worked()
+    return done
+
+
+def _keep(_session, _job) -> None:
+    """The finalizer's claim is given back by `record_failure` setting `retry_at` (see `_finalizable`)."""
+
+
+def _finalize(settings: Settings, job_id: str, plan: _Finalization) -> bool:
     store = results_store(settings)
     for shard_id, input_key in plan.never_run:
         _write_never_run_part(settings, store, job_id, shard_id, input_key, plan)
-    counts, output_file, error_file = _write_final_files(settings, job_id, plan.tenant)
+    counts, output_file, error_file = _write_final_files(settings, job_id, plan.tenant, plan.expected_rows)
     with session_scope(settings.database_url) as s:
         job = s.get(Job, job_id, with_for_update=True)
         if job.status in TERMINAL_STATUSES:
             return False
+        clear_wait(job)
         _set_counts(job, counts)
         job.output_file_id = output_file.id if output_file else None
         job.error_file_id = error_file.id if error_file else None
@@ -80,7 +106,7 @@ def _start(settings: Settings, job_id: str) -> _Finalization | None:
     """Under the job row's lock: claim the finalization if the job is ready for it and nobody else is at it."""
     with session_scope(settings.database_url) as s:
         job = s.get(Job, job_id, with_for_update=True)
-        if job is None or not _finalizable(job):
+        if job is None or not _finalizable(job) or not due(job):
             return None
         unfinished = s.scalar(
             select(func.count())
@@ -95,13 +121,14 @@ def _start(settings: Settings, job_id: str) -> _Finalization | None:
             target = CANCELLED if job.cancelling_at is not None else COMPLETED
         if target == COMPLETED:  # visible as "finalizing" while the files are written
             job.status = FINALIZING
-        job.finalizing_at = utcnow()
+        job.finalizing_at, job.retry_at = utcnow(), None  # claimed (a given-back claim has `retry_at`)
         never_run = s.execute(
             select(Shard.id, Shard.input_key).where(
                 Shard.job_id == job_id, Shard.status == SHARD_CANCELLED, Shard.part_key.is_(None)
             )
         )
-        return _Finalization(target, job.tenant, job.created_at, [tuple(row) for row in never_run])
+        never_run = [tuple(row) for row in never_run]
+        return _Finalization(target, job.tenant, job.created_at, never_run, job.request_total)
 
 
 def _finalizable(job: Job) -> bool:
@@ -109,8 +136,11 @@ def _finalizable(job: Job) -> bool:
         return False
     if job.validated_at is None:
         return False  # still validating: store.validating finalizes it when validation ends
-    # `finalizing_at` marks a finalizer at work; one silent for too long is presumed dead
-    return job.finalizing_at is None or utcnow() - job.finalizing_at > STALE_FINALIZE
+    # `finalizing_at` marks a finalizer at work unless it gave its claim back (`retry_at`); one silent for
+    # too long is presumed dead
+    if job.finalizing_at is None or job.retry_at is not None:
+        return True
+    return utcnow() - job.finalizing_at > STALE_FINALIZE
 
 
 def _write_never_run_part(
@@ -153,12 +183,16 @@ def _set_counts(job: Job, counts: ResultCounts) -> None:
 
 
 def _write_final_files(
-    settings: Settings, job_id: str, tenant: str, output: bool = True
+    settings: Settings, job_id: str, tenant: str, expected_rows: int | None = None, output: bool = True
 ) -> tuple[ResultCounts, File | None, File | None]:
-    """Merge the parts into one Parquet file; write the OpenAI output and error files; count rows."""
+    """Merge the parts into one Parquet file; write the OpenAI output and error files; count rows. Fewer rows
+    than `expected_rows` (a part the storage does not show yet) is a transient storage failure: never a job
+    completed short."""
     store = results_store(settings)
     store.merge(job_id)
     counts = store.count(job_id)
+    if expected_rows is not None and counts.total < expected_rows:
+        raise StorageFault(TRANSIENT, f"reading the results' parts ({counts.total} of {expected_rows} rows found)")
     output_file = error_file = None
     if output and counts.completed:  # no output file of no lines (OpenAI's output_file_id is then null)
         output_file = _write_jsonl_file(

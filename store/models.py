@@ -110,6 +110,12 @@ class Job(Base):
     validation_owner: Mapped[str | None] = mapped_column(String(64), nullable=True)
     validation_heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     validated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # A claimant (validator, shard writer, finalizer) that failed gave its claim back: why the job waits
+    # (`status_detail`, e.g. "storage_full: finalizing will retry"), since when, and when it is tried again.
+    status_detail: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    storage_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    storage_failing_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    retry_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
     __table_args__ = (
         Index("ix_jobs_tenant_created", "tenant", "created_at", "id"),
@@ -146,6 +152,8 @@ class Shard(Base):
     # Running: the claiming worker renews this while it works (a heartbeat); once it passes, the shard is
     # handed to another worker. Queued: when the sweeper next checks that its broker message still exists.
     lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # Queued after its writer failed on the storage: not run before this (the sweeper sends it then).
+    retry_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
     __table_args__ = (
         Index("ix_shards_job_status", "job_id", "status"),

@@ -71,6 +71,11 @@ class Settings:
     max_request_output_tokens: int = 1 << 18  # n x max_tokens x (1 + logprobs per token)
     max_concurrent_validations: int = 2  # jobs validated at once per API process (in the background)
     key_cache_s: float = 5.0  # how long a checked API key is trusted before the database is asked again
+    # a job waiting on storage (full, unreachable) is retried with backoff up to this many seconds apart,
+    # and fails (storage_full / storage_unavailable) once it has waited `storage_give_up_s`
+    storage_retry_max_s: float = 15.0
+    storage_give_up_s: float = 24 * 3600.0
+    storage_min_free_bytes: int = 512 * 1024**2  # local storage with less free is reported degraded
 
     @classmethod
     def from_env(cls, **overrides) -> Settings:
@@ -99,6 +104,9 @@ class Settings:
             max_request_output_tokens=_env_int("PAGEDBATCH_MAX_REQUEST_OUTPUT_TOKENS", 1 << 18),
             max_concurrent_validations=_env_int("PAGEDBATCH_MAX_CONCURRENT_VALIDATIONS", 2),
             key_cache_s=float(env.get("PAGEDBATCH_KEY_CACHE_S", "5")),
+            storage_retry_max_s=float(env.get("PAGEDBATCH_STORAGE_RETRY_MAX_S", "15")),
+            storage_give_up_s=float(env.get("PAGEDBATCH_STORAGE_GIVE_UP_S", str(24 * 3600))),
+            storage_min_free_bytes=_env_int("PAGEDBATCH_STORAGE_MIN_FREE_BYTES", 512 * 1024**2),
         )
         for key, value in overrides.items():
             if value is not None:
@@ -129,6 +137,9 @@ class Settings:
             "PAGEDBATCH_MAX_REQUEST_OUTPUT_TOKENS": str(self.max_request_output_tokens),
             "PAGEDBATCH_MAX_CONCURRENT_VALIDATIONS": str(self.max_concurrent_validations),
             "PAGEDBATCH_KEY_CACHE_S": str(self.key_cache_s),
+            "PAGEDBATCH_STORAGE_RETRY_MAX_S": str(self.storage_retry_max_s),
+            "PAGEDBATCH_STORAGE_GIVE_UP_S": str(self.storage_give_up_s),
+            "PAGEDBATCH_STORAGE_MIN_FREE_BYTES": str(self.storage_min_free_bytes),
         }
 
     def request_bounds(self, *, openai: bool) -> RequestBounds:

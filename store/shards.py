@@ -15,9 +15,22 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import update
+from sqlalchemy.orm import Session
 
 from store.db import session_scope
-from store.models import CANCELLED, CANCELLING, SHARD_DONE, SHARD_QUEUED, SHARD_RUNNING, Job, Shard, Tenant, utcnow
+from store.models import (
+    CANCELLED,
+    CANCELLING,
+    SHARD_CANCELLED,
+    SHARD_DONE,
+    SHARD_QUEUED,
+    SHARD_RUNNING,
+    TERMINAL_STATUSES,
+    Job,
+    Shard,
+    Tenant,
+    utcnow,
+)
 from store.paths import shard_id as shard_id_of
 from store.paths import shard_input_key
 from store.results.parquet import ResultCounts
@@ -61,6 +74,8 @@ def claim_shard(
             log.info("shard %s is leased by %s (attempt %d); not running it twice", shard.id, shard.worker,
                      shard.attempts)  # fmt: skip
             return None
+        if shard.status == SHARD_QUEUED and shard.retry_at is not None and shard.retry_at > now:
+            return None  # waiting out a storage failure's backoff: the sweeper sends it then
         job = s.get(Job, shard.job_id)
         tenant = s.get(Tenant, job.tenant)  # None: a tenant without a key (the default), weight 1
         shard.status = SHARD_RUNNING
@@ -140,7 +155,29 @@ def finish_shard(
         shard.completion_tokens = counts.completion_tokens
         shard.cached_tokens = counts.cached_tokens
         shard.finished_at = utcnow()
+        s.execute(  # its part is written: the job no longer waits on the storage
+            update(Job)
+            .where(Job.id == shard.job_id, Job.status_detail.is_not(None), Job.finalizing_at.is_(None))
+            .values(status_detail=None, retry_at=None, storage_failing_since=None, storage_failures=0)
+        )
     return True
+
+
+def storage_release(shard_id: str, attempt: int):
+    """The `store.storage_waits` release of a shard whose writer failed: queued again, sent by the sweeper at
+    the job's `retry_at` (the failure is not one of its poison attempts); cancelled if the job failed."""
+
+    def release(s: Session, job: Job) -> None:
+        shard = s.get(Shard, shard_id, with_for_update=True)
+        if shard is None or shard.status != SHARD_RUNNING or shard.attempts != attempt:
+            return
+        shard.worker, shard.lease_until = None, None
+        if job.status in TERMINAL_STATUSES:
+            shard.status, shard.finished_at, shard.part_key = SHARD_CANCELLED, utcnow(), None
+            return
+        shard.status, shard.attempts, shard.retry_at = SHARD_QUEUED, attempt - 1, job.retry_at
+
+    return release
 
 
 def report_progress(settings: Settings, shard_id: str, attempt: int, counts: ResultCounts) -> None:

@@ -18,6 +18,8 @@ from typing import IO
 import fsspec
 from fsspec.spec import AbstractBufferedFile
 
+from store.storage_faults import retrying
+
 OBJECT_STORES = ("s3", "s3a")  # a file written there appears whole on close (a PUT or a completed multipart upload)
 
 
@@ -144,12 +146,13 @@ class Storage:
         return atomic_write(self.fs, self.path(key))
 
     def open_read(self, key: str) -> IO[bytes]:
-        """A standard binary reader (fsspec's remote files take no size in `readline`; line reading needs it)."""
-        f = self.fs.open(self.path(key), "rb")
+        """A standard binary reader (fsspec's remote files take no size in `readline`; line reading needs it).
+        Opening is retried with backoff while the storage fails transiently (`store.storage_faults`)."""
+        f = retrying(lambda: self.fs.open(self.path(key), "rb"), "opening a file")
         return io.BufferedReader(f) if isinstance(f, AbstractBufferedFile) else f
 
     def size(self, key: str) -> int:
-        return int(self.fs.size(self.path(key)))
+        return int(retrying(lambda: self.fs.size(self.path(key)), "reading a file's size"))
 
     def delete(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):

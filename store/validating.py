@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 
 from sqlalchemy import select, update
 from sqlalchemy.exc import DBAPIError
@@ -49,6 +50,8 @@ from store.results.parts import results_store
 from store.results.rows import error_row
 from store.settings import Settings
 from store.storage import get_storage
+from store.storage_faults import classify, retrying
+from store.storage_waits import clear_wait, due, record_failure
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +97,9 @@ def claim_validation(settings: Settings, job_id: str, owner: str) -> bool:
         beat = job.validation_heartbeat_at
         if job.validation_owner != owner and beat is not None and now - beat < STALE_VALIDATION:
             return False
-        job.validation_owner, job.validation_heartbeat_at = owner, now
+        if not due(job):  # its last validator failed on the storage: not before the backoff is over
+            return False
+        job.validation_owner, job.validation_heartbeat_at, job.retry_at = owner, now, None
         return True
 
 
@@ -106,6 +111,7 @@ def stale_validations(settings: Settings, models: Collection[str] | None = None,
         Job.validated_at.is_(None),
         Job.status.in_(ACTIVE),
         (Job.validation_heartbeat_at.is_(None)) | (Job.validation_heartbeat_at < cutoff),
+        Job.retry_at.is_(None) | (Job.retry_at <= utcnow()),
     )
     if models is not None:
         query = query.where(Job.model.in_(list(models)))
@@ -147,7 +153,7 @@ def validate_job(settings: Settings, job_id: str, owner: str, enqueue: Enqueue) 
         models = model_limits(settings, model)
         bounds = settings.request_bounds(openai=endpoint is not None)
         storage = get_storage(settings.storage_url)
-        with storage.open_read(input_file.storage_key) as source:
+        with retrying(lambda: storage.open_read(input_file.storage_key), "reading the input file") as source:
             for item in validate_stream(source, models, endpoint=endpoint, defaults=defaults, bounds=bounds):
                 line = item.error.line if isinstance(item, BadLine) else item.line
                 if line <= run.done_lines:  # committed by an earlier validator: only counted
@@ -222,6 +228,7 @@ def _checkpoint(settings: Settings, run: _Run, enqueue: Enqueue) -> None:
         for shard in shards:
             shard.status = status
         s.add_all(shards)
+        clear_wait(job)  # written: it no longer waits on the storage
         job.validated_lines = max(run.last_line, run.done_lines)
         job.invalid_lines, job.errors = run.invalid, list(run.errors) or None
         job.shard_count = run.shard_count + len(shards)
@@ -284,6 +291,11 @@ def _finish(settings: Settings, run: _Run, enqueue: Enqueue) -> None:
     maybe_finalize(settings, run.job_id)  # its shards may all be finished already, or it was stopped
 
 
+def _give_back(owner: str, _s, job: Job) -> None:
+    if job.validation_owner == owner:
+        job.validation_owner, job.validation_heartbeat_at = None, None
+
+
 def fail_validation(settings: Settings, job_id: str, owner: str, message: str) -> None:
     """A validator hit an error it cannot get past (not a bad line): the job fails with it."""
     with session_scope(settings.database_url) as s:
@@ -309,6 +321,13 @@ def run_validation(settings: Settings, job_id: str, owner: str, enqueue: Enqueue
     except DBAPIError:
         log.exception("validating %s: the database failed; it will be resumed", job_id)
     except Exception as exc:  # noqa: BLE001 - the job must not stay validating forever
+        if classify(exc) is not None:  # given back at once: resumed after a backoff, or failed with a clear code
+            try:
+                record_failure(settings, job_id, exc, "validating the input", "validation will retry",
+                               partial(_give_back, owner))  # fmt: skip
+            except Exception:  # noqa: BLE001 - the database too: the claim goes stale and is taken over
+                log.exception("could not record the storage failure of %s", job_id)
+            return
         log.exception("validating %s failed", job_id)
         try:
             fail_validation(settings, job_id, owner, f"validation failed: {type(exc).__name__}: {exc}")

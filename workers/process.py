@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from engine import LLMEngine
 from store.settings import Settings
+from store.storage_health import StorageCollector
 from workers import disagg, tasks
 from workers.cancel import CancelWatcher
 from workers.celery_app import make_celery
@@ -74,6 +75,7 @@ def run_worker(
     if metrics_port is not None:
         metrics = WorkerMetrics(model_name)
         metrics.watch(host)
+        metrics.registry.register(StorageCollector(settings))
         metrics.serve(metrics_port)
     if role == "prefill":
         try:

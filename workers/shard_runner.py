@@ -29,8 +29,10 @@ from store.results.parquet import count_results
 from store.results.parts import results_store
 from store.results.rows import cancelled_row, expired_row, request_failed_row
 from store.settings import Settings
-from store.shards import claim_shard, finish_shard, owns_shard, release_shard, split_shard
+from store.shards import claim_shard, finish_shard, owns_shard, release_shard, split_shard, storage_release
 from store.storage import get_storage
+from store.storage_faults import classify, health, retrying
+from store.storage_waits import WAITING, record_failure
 from workers import leases
 from workers.line_requests import engine_request, result_row
 from workers.progress import board as progress_board
@@ -44,6 +46,7 @@ ATTEMPTS_EXHAUSTED = "shard_attempts_exhausted"
 DB_RETRY_S = 60.0  # how long a finished shard waits for the database to come back before giving up
 
 DONE, CANCELLED, SKIPPED, RELEASED, LOST, SPLIT = "done", "cancelled", "skipped", "released", "lost", "split"
+STORAGE_WAIT, STORAGE_FAILED = "storage_wait", "storage_failed"  # handed back to wait out a storage failure
 
 draining = threading.Event()  # set when this worker shuts down: running shards are aborted and handed back
 closing = threading.Event()  # set when this worker stops taking shards (the running ones go on)
@@ -87,8 +90,11 @@ def drain(host) -> int:
 
 
 def _read_requests(settings: Settings, key: str):
-    with get_storage(settings.storage_url).open_read(key) as f:
-        return [decode_request(line) for line in f if line.strip()]
+    def read():
+        with get_storage(settings.storage_url).open_read(key) as f:
+            return [decode_request(line) for line in f if line.strip()]
+
+    return retrying(read, "reading a shard's input")
 
 
 @dataclass
@@ -115,7 +121,9 @@ class _Attempt:
 
 
 def run_shard(settings: Settings, host, watcher, shard_id: str) -> str:
-    """Returns what happened: "done", "cancelled", "skipped", "released", "lost" or "split"."""
+    """Returns what happened: "done", "cancelled", "skipped", "released", "lost", "split", or, when the storage
+    failed, "storage_wait" (handed back at once, the sweeper sends it again after a backoff; the reason is on
+    the job) or "storage_failed" (a permanent storage failure failed the job)."""
     if closing.is_set():
         return RELEASED
     recovery = Recovery.from_env()
@@ -123,6 +131,18 @@ def run_shard(settings: Settings, host, watcher, shard_id: str) -> str:
     if claim is None:  # done already (a redelivery), cancelled while queued, or running elsewhere
         with_db_retry(maybe_finalize, settings, job_of(shard_id))
         return SKIPPED
+    try:
+        return _run_claimed(settings, host, watcher, shard_id, claim, recovery)
+    except Exception as exc:
+        if classify(exc) is None:
+            raise
+        release = storage_release(shard_id, claim.attempt)
+        outcome = with_db_retry(record_failure, settings, claim.job_id, exc, "writing a shard's results",
+                                "writing results will retry", release)  # fmt: skip
+        return STORAGE_WAIT if outcome == WAITING else STORAGE_FAILED
+
+
+def _run_claimed(settings: Settings, host, watcher, shard_id: str, claim, recovery: Recovery) -> str:
     if claim.exhausted:  # poison work: every attempt so far killed or lost its worker
         return _bisect_or_fail(settings, shard_id, claim, recovery)
     requests = _read_requests(settings, claim.input_key)
@@ -139,9 +159,15 @@ def run_shard(settings: Settings, host, watcher, shard_id: str) -> str:
     counts = _commit_part(settings, shard_id, part, claim.attempt)
     if counts is None:
         return LOST
+    health.worked()
     log.info(
         "shard %s: %d completed, %d failed, %d cancelled in %.2fs (at most %d rows held)",
-        shard_id, counts.completed, counts.failed, counts.cancelled, time.time() - t0, part.max_rows_held,
+        shard_id,
+        counts.completed,
+        counts.failed,
+        counts.cancelled,
+        time.time() - t0,
+        part.max_rows_held,
     )
     with_db_retry(maybe_finalize, settings, claim.job_id)
     return CANCELLED if counts.cancelled else DONE
@@ -164,8 +190,10 @@ def _bisect_or_fail(settings: Settings, shard_id: str, claim, recovery: Recovery
         enqueue_shards(settings, new)
         return SPLIT
     log.error("shard %s: %d attempts used up; failing its request", shard_id, claim.attempt - 1)
-    message = (f"the request was started {claim.attempt - 1} times and never finished (its worker died or "
-               "lost it each time); it was not run again")
+    message = (
+        f"the request was started {claim.attempt - 1} times and never finished (its worker died or "
+        "lost it each time); it was not run again"
+    )
     _fail_requests(settings, shard_id, claim, ATTEMPTS_EXHAUSTED, message)
     return DONE
 
@@ -209,8 +237,10 @@ def _run_in_engine(settings: Settings, host, watcher, shard_id: str, claim, requ
             batch = [engine_request(rid, req) for rid, req in zip(attempt.request_ids, requests)]
             now = time.time()
             # no name for the list of futures: each output must go as soon as its row is written
-            for request_id, future in zip(attempt.request_ids, host.submit_many(
-                    batch, tenant=claim.tenant, weight=claim.tenant_weight, priority=claim.priority)):
+            for request_id, future in zip(
+                attempt.request_ids,
+                host.submit_many(batch, tenant=claim.tenant, weight=claim.tenant_weight, priority=claim.priority),
+            ):
                 attempt.started[request_id] = now
                 attempt.futures[request_id] = future
                 future.add_done_callback(lambda _f, rid=request_id: attempt.on_done(rid))
@@ -219,6 +249,9 @@ def _run_in_engine(settings: Settings, host, watcher, shard_id: str, claim, requ
             _write_as_finished(attempt, part, shard_id, claim.job_created_at, host.tokenizer, progress)
         finally:
             progress.close()
+    except BaseException:
+        host.abort(attempt.request_ids)  # the part could not be written (the storage failed): stop its requests
+        raise
     finally:
         with _in_flight_lock:
             _in_flight.pop(shard_id, None)
@@ -296,7 +329,7 @@ def _commit_part(settings: Settings, shard_id: str, part, attempt: int | None):
         return None
     path = part.commit()
     store = results_store(settings)
-    counts = count_results(store.url_for(path))
+    counts = retrying(lambda: count_results(store.url_for(path)), "counting a shard's results")
     if not with_db_retry(finish_shard, settings, shard_id, path, counts, attempt):
         log.warning("shard %s: attempt %d was taken over while writing", shard_id, attempt)
         return None

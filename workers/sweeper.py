@@ -9,8 +9,10 @@ Every worker runs a `Sweeper` thread. Each sweep, idempotent and safe to run fro
    API died between committing a job and enqueueing it): when a model's queue holds fewer messages than
    the model has queued shards, the shards not checked for `requeue_s` are sent again. A duplicate message
    costs nothing: `claim_shard` skips finished shards and shards under a live lease;
-4. finalizes jobs whose shards are all finished but whose finalizer never ran (or died);
-5. resumes the validation of jobs whose validator died with its API process.
+4. finalizes jobs whose shards are all finished but whose finalizer never ran, died, or gave its claim back
+   after a failure (once its backoff, `Job.retry_at`, is over);
+5. resumes the validation of jobs whose validator died with its API process (or gave its claim back);
+6. sends again the shards whose writer failed on the storage, once their backoff (`Shard.retry_at`) is over.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ def sweep(settings: Settings, recovery: Recovery) -> dict[str, int]:
         "resent": _resend_lost_messages(settings, recovery),
         "finalized": _finalize_finished_jobs(settings),
         "resumed_validations": _resume_stale_validations(settings),
+        "storage_retries": _retry_storage_waits(settings, recovery),
     }
 
 
@@ -122,7 +125,11 @@ def _take_back_expired_leases(settings: Settings, recovery: Recovery) -> int:
 def _resend_lost_messages(settings: Settings, recovery: Recovery) -> int:
     now = utcnow()
     with session_scope(settings.database_url) as s:
-        queued = s.execute(select(Shard.id, Shard.model, Shard.lease_until).where(Shard.status == SHARD_QUEUED)).all()
+        queued = s.execute(
+            select(Shard.id, Shard.model, Shard.lease_until).where(
+                Shard.status == SHARD_QUEUED, Shard.retry_at.is_(None)
+            )
+        ).all()
     by_model: dict[str, list[str]] = defaultdict(list)
     total: dict[str, int] = defaultdict(int)
     for shard_id, model, checked_until in queued:
@@ -153,11 +160,29 @@ def _finalize_finished_jobs(settings: Settings) -> int:
         job_ids = list(
             s.scalars(
                 select(Job.id).where(
-                    Job.status.in_((IN_PROGRESS, CANCELLING, FINALIZING)), Job.shard_count > 0, ~unfinished
+                    Job.status.in_((IN_PROGRESS, CANCELLING, FINALIZING)),
+                    Job.shard_count > 0,
+                    ~unfinished,
+                    Job.retry_at.is_(None) | (Job.retry_at <= utcnow()),
                 )
             )
         )
     return sum(maybe_finalize(settings, job_id) for job_id in job_ids)
+
+
+def _retry_storage_waits(settings: Settings, recovery: Recovery) -> int:
+    """Queued shards whose writer failed on the storage, their backoff over: sent again."""
+    now = utcnow()
+    with session_scope(settings.database_url) as s:
+        rows = s.execute(
+            update(Shard)
+            .where(Shard.status == SHARD_QUEUED, Shard.retry_at <= now)
+            .values(retry_at=None, lease_until=now + timedelta(seconds=recovery.requeue_s))
+            .returning(Shard.id, Shard.model)
+        ).all()
+    if rows:
+        enqueue_shards(settings, [(shard_id, model) for shard_id, model in rows])
+    return len(rows)
 
 
 _resuming = threading.BoundedSemaphore(1)  # validations this process resumes at once

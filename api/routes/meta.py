@@ -12,6 +12,7 @@ from api.routes.responses import send_object
 from api.serializers import ts
 from store import models_registry
 from store.db import get_engine
+from store.storage_health import check_storage
 
 bp = Blueprint("meta", __name__)
 
@@ -26,6 +27,21 @@ def healthz():
     with get_engine(settings().database_url).connect() as conn:
         conn.execute(text("select 1"))
     return jsonify({"status": "ok"})
+
+
+@bp.get("/readyz")
+def readyz():
+    """Readiness: the database answers (else 503), and the storage takes writes and, locally, has more free
+    space than PAGEDBATCH_STORAGE_MIN_FREE_BYTES. A degraded storage still answers 200 (reads and job status
+    keep working) with `"status": "degraded"` and the reasons."""
+    cfg = settings()
+    try:
+        with get_engine(cfg.database_url).connect() as conn:
+            conn.execute(text("select 1"))
+    except Exception:  # noqa: BLE001 - reported
+        return jsonify({"status": "unavailable", "database": "unreachable"}), 503
+    storage = check_storage(cfg)
+    return jsonify({"status": storage["status"], "database": "ok", "storage": storage})
 
 
 @bp.get("/v1/models")

@@ -17,6 +17,7 @@ from store.results.part_writer import PartWriter
 from store.results.rows import RESULT_SCHEMA, rows_to_table
 from store.settings import Settings
 from store.storage import atomic_write, is_local, url_to_fs
+from store.storage_faults import retrying
 
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -70,18 +71,26 @@ class ResultsStore:
         with contextlib.suppress(Exception):
             self.fs.invalidate_cache(parts_dir)  # see parts other workers wrote
         try:
-            entries = self.fs.ls(parts_dir, detail=False)
+            entries = retrying(lambda: self.fs.ls(parts_dir, detail=False), "listing results parts")
         except FileNotFoundError:
             return []
         names = (p.rstrip("/").rsplit("/", 1)[-1] for p in entries)
         # a name starting with "." is a write in progress (see store.storage.atomic_write)
         return sorted(f"{parts_dir}/{n}" for n in names if n.endswith(".parquet") and not n.startswith("."))
 
+    def _read(self, path: str, columns=None) -> pa.Table:
+        """A Parquet file read whole, again with backoff while the storage fails transiently."""
+
+        def read():
+            with self.fs.open(path, "rb") as f:
+                return pq.read_table(f, columns=columns)
+
+        return retrying(read, "reading a results part")
+
     def read_part(self, path: str) -> pa.Table:
         """A part sorted by line (a streamed part holds its rows in the order they finished); one
         written before `embeddings` existed is read into today's schema."""
-        with self.fs.open(path, "rb") as f:
-            table = pq.read_table(f)
+        table = self._read(path)
         if table.schema != RESULT_SCHEMA:
             table = upgrade_embedding_columns(table)
             for name in RESULT_SCHEMA.names:
@@ -102,8 +111,7 @@ class ResultsStore:
         """Parts ordered by first line, and whether their line ranges are disjoint."""
         ranges = []
         for path in self.list_parts(job_id):
-            with self.fs.open(path, "rb") as f:
-                lines = pq.read_table(f, columns=["line"]).column("line")
+            lines = self._read(path, ["line"]).column("line")
             if len(lines):
                 ranges.append((pc.min(lines).as_py(), pc.max(lines).as_py(), path))
         ranges.sort()
