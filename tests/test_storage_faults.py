@@ -238,9 +238,9 @@ def _cli_status(monkeypatch, job: dict, capsys) -> str:
 
     from pagedbatch import client_commands
 
-    monkeypatch.setattr(client_commands, "_client", lambda _args: SimpleNamespace(job=lambda _id: job))
+    monkeypatch.setattr(client_commands, "_Api", lambda _args: SimpleNamespace(job=lambda _id: job))
     capsys.readouterr()
-    assert client_commands._status(SimpleNamespace(job_id=job["id"])) == 0
+    assert client_commands._status(SimpleNamespace(job_id=job["id"], json=True)) == 0
     return capsys.readouterr().err
 
 
