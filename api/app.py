@@ -29,7 +29,7 @@ def create_app(settings: Settings | None = None, *, warm: bool = True) -> Flask:
     register_error_handlers(app)
     metrics.install(app)  # /metrics, and every request timed and counted
     request_ids.install(app)  # x-request-id on every response
-    app.before_request(authenticate)  # every route but /healthz, /openapi.json and /metrics needs an API key
+    app.before_request(authenticate)  # every route but /healthz, /readyz, /openapi.json and /metrics needs an API key
     log_context.install(app)  # log lines carry the tenant and job id
     app.register_blueprint(meta.bp)
     app.register_blueprint(jobs.bp)

@@ -12,7 +12,7 @@ from api.errors import ApiError
 from api.platform import settings
 from store import keys
 
-PUBLIC_ENDPOINTS = frozenset({"meta.healthz", "meta.openapi", "metrics.metrics"})
+PUBLIC_ENDPOINTS = frozenset({"meta.healthz", "meta.readyz", "meta.openapi", "metrics.metrics"})
 UI_BLUEPRINTS = frozenset({"ui", "ui_actions"})  # the dashboard signs in with a session cookie (api.ui.session)
 UI_ROOT = "/ui"  # without its slash: routing redirects it to the dashboard's "/ui/", as a browser expects
 

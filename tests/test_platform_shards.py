@@ -90,7 +90,11 @@ def test_finalize_runs_once_under_races(platform):
     shard_id = f"{job['id']}.00000"
     claim = claim_shard(settings, shard_id, "test")
     assert claim is not None and claim.attempt == 1
-    shard_runner._write_part(settings, job["id"], shard_id, [])
+    from batchfile.errors import LineError
+    from store.results.rows import error_row
+
+    rows = [error_row(LineError(line, f"c{line}", "invalid_request", "bad")) for line in range(1, 6)]
+    shard_runner._write_part(settings, job["id"], shard_id, rows)  # whole: a short part is never finalized
     results = []
     threads = [threading.Thread(target=lambda: results.append(maybe_finalize(settings, job["id"]))) for _ in range(6)]
     for t in threads:

@@ -23,7 +23,7 @@ from store import ids, keys
 from store.db import normalize_url
 from tests.helpers import MODEL, REPO, chat_line, jsonl, validated
 
-PUBLIC = {"/healthz", "/openapi.json", "/metrics"}
+PUBLIC = {"/healthz", "/readyz", "/openapi.json", "/metrics"}
 
 
 def _tenant(name: str) -> str:
