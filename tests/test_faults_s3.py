@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import sys
 import time
@@ -18,8 +19,11 @@ from collections import Counter
 
 import pytest
 
-from store.storage import atomic_write, url_to_fs
-from store.storage_faults import TRANSIENT, classify, retrying
+from store import storage_retries
+from store.settings import Settings
+from store.storage import atomic_write, get_storage, url_to_fs
+from store.storage_faults import TRANSIENT, classify, health, retrying
+from store.storage_health import StorageCollector, _probes, check_storage
 from tests.fault_fixtures import RECOVERY_ENV
 from tests.helpers import MODEL, REPO, chat_line, free_port, jsonl, spawn
 from tests.s3_faults import FaultyS3Proxy
@@ -110,6 +114,59 @@ def test_the_storage_layer_classifies_each_s3_fault(s3, proxy):  # noqa: F811
     proxy.fail_rate = 0.6  # transient failures of an idempotent read are retried with backoff
     assert retrying(lambda: fs.cat(path), "reading", attempts=12, base_s=0.05) == big
     proxy.clear()
+
+
+def _client_retries() -> int:
+    """Failed S3 attempts counted so far in this process (the S3 client's own retries, op "S3 <Operation>")."""
+    counts, _failing = health.snapshot()
+    return sum(n for (kind, op), n in counts.items() if kind == TRANSIENT and op.startswith("S3 "))
+
+
+def test_the_s3_clients_own_retries_are_counted_and_readiness_says_so(s3, proxy, monkeypatch, caplog):  # noqa: F811
+    import fsspec.config
+
+    monkeypatch.setattr(storage_retries, "recent", storage_retries._Recent())  # this test's window only
+    retries = {"retries": {"max_attempts": 10}}  # enough that every call passes in the end
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"config_kwargs": {**S3_CONF["config_kwargs"], **retries}})
+    settings = Settings(storage_url=f"s3://{BUCKET}/client-retries")
+    storage = get_storage(settings.storage_url)
+
+    def ready() -> dict:
+        _probes.clear()
+        return check_storage(settings)
+
+    def retrying_gauge() -> float:
+        families = {f.name: f for f in StorageCollector(settings).collect()}
+        return families["pagedbatch_storage_retrying"].samples[0].value
+
+    proxy.clear()
+    before = _client_retries()
+    proxy.counts.clear()
+    for i in range(5):
+        with storage.open_write(f"ok/{i}") as f:
+            f.write(b"x")
+    assert _client_retries() == before and ready()["status"] == "ok" and retrying_gauge() == 0.0
+
+    proxy.fail_rate = 0.3  # a share of the calls answered 503 SlowDown or 500 InternalError
+    with caplog.at_level(logging.WARNING, logger=storage_retries.__name__):
+        for i in range(8):
+            with storage.open_write(f"flaky/{i}") as f:
+                f.write(b"line %d\n" % i)
+            with storage.open_read(f"flaky/{i}") as f:
+                assert f.read() == b"line %d\n" % i  # every call passed: the client retried the failed ones
+    proxy.clear()
+    failed = proxy.counts["failed_5xx"]
+    assert failed >= storage_retries.MIN_FAILED
+    assert _client_retries() - before == failed  # each 5xx answer counted once, as a transient storage error
+    verdict = ready()
+    assert verdict["status"] == "degraded" and verdict["writable"] is True, verdict
+    assert verdict["reasons"][0].startswith(f"storage_retrying: {failed} of "), verdict
+    assert retrying_gauge() == 1.0
+    assert sum("storage_retrying" in r.getMessage() for r in caplog.records) == 1  # logged once, not per retry
+
+    monkeypatch.setattr(storage_retries, "WINDOW_S", 1)  # the retries age out of the window
+    time.sleep(2.1)
+    assert ready()["status"] == "ok" and retrying_gauge() == 0.0
 
 
 @pytest.fixture
