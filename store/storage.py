@@ -18,6 +18,7 @@ from typing import IO
 import fsspec
 from fsspec.spec import AbstractBufferedFile
 
+from store import storage_retries
 from store.storage_faults import retrying
 
 OBJECT_STORES = ("s3", "s3a")  # a file written there appears whole on close (a PUT or a completed multipart upload)
@@ -28,12 +29,15 @@ def url_to_fs(url: str, storage_options: dict | None = None) -> tuple[fsspec.Abs
 
     S3 (`s3://bucket/prefix`, s3fs): credentials and endpoint come from the usual AWS settings
     (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL for MinIO/Ceph/moto, ...). Listings are
-    not cached: parts and results are written by other processes and hosts.
+    not cached: parts and results are written by other processes and hosts. The S3 client's own retries
+    are counted (`store.storage_retries`).
     """
     options = dict(storage_options or {})
     if str(url).split("://", 1)[0] in OBJECT_STORES:
         options.setdefault("use_listings_cache", False)
     fs, path = fsspec.core.url_to_fs(str(url), **options)
+    if is_object_store(fs):
+        storage_retries.observe(fs)
     return fs, path.rstrip("/") or "/"
 
 

@@ -89,6 +89,13 @@ def _chain(exc: BaseException):
 _NOT_STORAGE = ("sqlalchemy", "psycopg", "psycopg2", "redis", "kombu", "celery")  # the database's or broker's
 
 
+def s3_kind(code: str, status: int) -> str:
+    """The kind of an S3 error answer, by its error code or else its HTTP status."""
+    if code in _S3_CODES:
+        return _S3_CODES[code]
+    return TRANSIENT if status >= 500 or status == 429 else PERMANENT
+
+
 def classify(exc: BaseException) -> str | None:
     """The kind of storage failure `exc` is (or was caused by); None when it is not one."""
     if any(type(link).__module__.split(".")[0] in _NOT_STORAGE for link in _chain(exc)):
@@ -99,10 +106,7 @@ def classify(exc: BaseException) -> str | None:
         response = getattr(link, "response", None)
         if isinstance(response, dict) and "Error" in response:  # botocore's ClientError
             code = str(response["Error"].get("Code") or "")
-            status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-            if code in _S3_CODES:
-                return _S3_CODES[code]
-            return TRANSIENT if status >= 500 or status == 429 else PERMANENT
+            return s3_kind(code, int(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0))
         if any(part in cls.__name__ for cls in type(link).__mro__ for part in _TRANSIENT_NAMES):
             return TRANSIENT
     for link in _chain(exc):

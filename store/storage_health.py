@@ -2,7 +2,8 @@
 
 `check_storage` writes and removes a small probe file (cached for `PROBE_TTL_S`, so a busy readiness
 endpoint does not hammer the storage) and, for local storage, compares the free bytes with
-`storage_min_free_bytes`. `StorageCollector` exports this process's storage errors by kind and operation
+`storage_min_free_bytes`, and reports the S3 client retrying a sustained share of its calls
+(`store.storage_retries`). `StorageCollector` exports this process's storage errors by kind and operation
 (`store.storage_faults`), the conditions failing now, and local storage's free bytes.
 """
 
@@ -15,6 +16,7 @@ import uuid
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from store import storage_retries
 from store.settings import Settings
 from store.storage import get_storage, is_local
 from store.storage_faults import KINDS, health, storage_fault
@@ -63,6 +65,9 @@ def check_storage(settings: Settings) -> dict:
     free = free_bytes(settings)
     if free is not None and free < settings.storage_min_free_bytes:
         reasons.append(f"storage_low: {free} bytes free, under the {settings.storage_min_free_bytes} configured")
+    retrying = storage_retries.recent.retrying()  # calls that passed, but only after the client retried them
+    if retrying:
+        reasons.append(retrying)
     verdict = {
         "status": "degraded" if reasons else "ok",
         "writable": error is None,
@@ -96,6 +101,11 @@ class StorageCollector:
         for kind in KINDS:
             degraded.add_metric([kind], 1.0 if kind in failing else 0.0)
         yield degraded
+        yield GaugeMetricFamily(
+            "pagedbatch_storage_retrying",
+            f"1 while a sustained share of this process's S3 calls fails and is retried by the client "
+            f"(the last {storage_retries.WINDOW_S}s)", value=1.0 if storage_retries.recent.retrying() else 0.0,
+        )  # fmt: skip
         free = free_bytes(self.settings)
         if free is not None:
             yield GaugeMetricFamily("pagedbatch_storage_free_bytes", "Free bytes of the local storage", value=free)

@@ -4,12 +4,14 @@ layer classifies each; a worker on S3 completes a 2,000-line job whole, each lin
 the calls failing; and a job whose storage is unreachable mid-job (PAGEDBATCH_TEST_S3_OUTAGE_S seconds, 20 by
 default; the issue's 2 minutes with 120) completes once it returns. Readiness and metrics show the condition.
 
-botocore retries once here (FSSPEC_S3), s3fs up to 5 times; the faults that pass them reach our layer."""
+botocore retries here too (FSSPEC_S3), s3fs up to 5 times; the faults that pass them reach our layer, and each
+attempt they retried is counted (store.storage_retries) and, sustained, makes /readyz say degraded."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import sys
 import time
@@ -18,8 +20,11 @@ from collections import Counter
 
 import pytest
 
-from store.storage import atomic_write, url_to_fs
-from store.storage_faults import TRANSIENT, classify, retrying
+from store import storage_health, storage_retries
+from store.settings import Settings
+from store.storage import atomic_write, get_storage, url_to_fs
+from store.storage_faults import TRANSIENT, classify, health, retrying
+from store.storage_health import StorageCollector, _probes, check_storage
 from tests.fault_fixtures import RECOVERY_ENV
 from tests.helpers import MODEL, REPO, chat_line, free_port, jsonl, spawn
 from tests.s3_faults import FaultyS3Proxy
@@ -54,6 +59,12 @@ def proxy(s3):  # noqa: F811
         fsspec.config.conf["s3"] = saved_conf
     s3fs.S3FileSystem.clear_instance_cache()
     store.storage._cache.clear()
+
+
+@pytest.fixture(autouse=True)
+def own_retry_window(monkeypatch):
+    """Each test counts the S3 client's retries in a window of its own (later tests' readiness stays ok)."""
+    monkeypatch.setattr(storage_retries, "recent", storage_retries._Recent())
 
 
 def _uploads(s3) -> list[str]:  # noqa: F811
@@ -110,6 +121,58 @@ def test_the_storage_layer_classifies_each_s3_fault(s3, proxy):  # noqa: F811
     proxy.fail_rate = 0.6  # transient failures of an idempotent read are retried with backoff
     assert retrying(lambda: fs.cat(path), "reading", attempts=12, base_s=0.05) == big
     proxy.clear()
+
+
+def _client_retries() -> int:
+    """Failed S3 attempts counted so far in this process (the S3 client's own retries, op "S3 <Operation>")."""
+    counts, _failing = health.snapshot()
+    return sum(n for (kind, op), n in counts.items() if kind == TRANSIENT and op.startswith("S3 "))
+
+
+def test_the_s3_clients_own_retries_are_counted_and_readiness_says_so(s3, proxy, monkeypatch, caplog):  # noqa: F811
+    import fsspec.config
+
+    retries = {"retries": {"max_attempts": 10}}  # enough that every call passes in the end
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"config_kwargs": {**S3_CONF["config_kwargs"], **retries}})
+    settings = Settings(storage_url=f"s3://{BUCKET}/client-retries")
+    storage = get_storage(settings.storage_url)
+
+    def ready() -> dict:
+        _probes.clear()
+        return check_storage(settings)
+
+    def retrying_gauge() -> float:
+        families = {f.name: f for f in StorageCollector(settings).collect()}
+        return families["pagedbatch_storage_retrying"].samples[0].value
+
+    proxy.clear()
+    before = _client_retries()
+    proxy.counts.clear()
+    for i in range(5):
+        with storage.open_write(f"ok/{i}") as f:
+            f.write(b"x")
+    assert _client_retries() == before and ready()["status"] == "ok" and retrying_gauge() == 0.0
+
+    proxy.fail_rate = 0.3  # a share of the calls answered 503 SlowDown or 500 InternalError
+    with caplog.at_level(logging.WARNING, logger=storage_retries.__name__):
+        for i in range(8):
+            with storage.open_write(f"flaky/{i}") as f:
+                f.write(b"line %d\n" % i)
+            with storage.open_read(f"flaky/{i}") as f:
+                assert f.read() == b"line %d\n" % i  # every call passed: the client retried the failed ones
+    proxy.clear()
+    failed = proxy.counts["failed_5xx"]
+    assert failed >= storage_retries.MIN_FAILED
+    assert _client_retries() - before == failed  # each 5xx answer counted once, as a transient storage error
+    verdict = ready()
+    assert verdict["status"] == "degraded" and verdict["writable"] is True, verdict
+    assert verdict["reasons"][0].startswith(f"storage_retrying: {failed} of "), verdict
+    assert retrying_gauge() == 1.0
+    assert sum("storage_retrying" in r.getMessage() for r in caplog.records) == 1  # logged once, not per retry
+
+    monkeypatch.setattr(storage_retries, "WINDOW_S", 1)  # the retries age out of the window
+    time.sleep(2.1)
+    assert ready()["status"] == "ok" and retrying_gauge() == 0.0
 
 
 @pytest.fixture
@@ -170,6 +233,11 @@ def _metrics(port: int) -> str:
     return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
 
 
+def _sample(text: str, prefix: str) -> float:
+    """The sum of the samples whose line starts with `prefix` in a Prometheus text page."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
 def _exactly_once(client, s3, settings, job_id, ids):  # noqa: F811
     import io
 
@@ -189,26 +257,41 @@ def _exactly_once(client, s3, settings, job_id, ids):  # noqa: F811
 
 
 @pytest.mark.slow
-def test_a_2000_line_job_completes_whole_with_a_tenth_of_s3_calls_failing(s3, proxy, s3_worker):  # noqa: F811
+def test_a_2000_line_job_completes_whole_with_a_tenth_of_s3_calls_failing(s3, proxy, s3_worker, monkeypatch):  # noqa: F811
     settings, api_key, port, log = s3_worker
+    monkeypatch.setattr(storage_health, "PROBE_TTL_S", 0.0)  # each /readyz below probes S3 (through the proxy)
     client = _client(settings, api_key)
     proxy.clear()
     proxy.counts.clear()
     proxy.fail_rate, proxy.timeout_rate = 0.05, 0.05  # a tenth of the calls: 5xx or a timeout
     ids = [f"t{i}" for i in range(LINES)]
-    t0 = time.monotonic()
+    t0, here_before = time.monotonic(), _client_retries()
     job_id = _submit(client, [chat_line(cid, f"q {i}", max_tokens=2) for i, cid in enumerate(ids)])
-    done = _wait(client, job_id, 300, log)
+    retrying, degraded = set(), None  # while it runs: the worker's retrying gauge, the API's readiness
+    while (done := client.get(f"/v1/jobs/{job_id}").get_json())["status"] not in ("completed", "failed"):
+        assert time.monotonic() - t0 < 300, (done, log.read_text()[-6000:])
+        retrying.add(_sample(_metrics(port), "pagedbatch_storage_retrying"))
+        ready = client.get("/readyz").get_json()
+        if any(r.startswith("storage_retrying: ") for r in ready["storage"]["reasons"]):
+            degraded = ready
+        time.sleep(0.5)
     took = time.monotonic() - t0
     injected = dict(proxy.counts)
     proxy.clear()
-    print(f"\n2,000 lines with 10% of S3 calls failing: {done['status']} in {took:.0f}s; proxy {injected}")
+    worker_counted = _sample(_metrics(port), 'pagedbatch_storage_errors_total{kind="transient",op="S3 ')
+    here_counted = _client_retries() - here_before
+    print(f"\n2,000 lines with 10% of S3 calls failing: {done['status']} in {took:.0f}s; proxy {injected}; "
+          f"client retries counted: worker {worker_counted:.0f}, API {here_counted}; readiness {degraded}")  # fmt: skip
     assert done["status"] == "completed" and done["request_counts"]["completed"] == LINES, done
     assert done["status_detail"] is None
     assert injected["failed_5xx"] > 0 and injected["timed_out"] > 0
     _exactly_once(client, s3, settings, job_id, ids)
-    # s3fs and botocore retried most of these calls themselves; nothing is failing now
-    assert 'pagedbatch_storage_failing{kind="transient"} 0.0' in _metrics(port)
+    # s3fs and botocore retried most of these calls themselves, and they were counted as they went
+    injected_failures = injected["failed_5xx"] + injected["timed_out"]
+    assert worker_counted > 0 and worker_counted + here_counted >= 0.8 * injected_failures
+    assert 1.0 in retrying, retrying  # the worker's gauge said so during the fault ...
+    assert degraded and degraded["status"] == "degraded", degraded  # ... and so did the API's readiness
+    assert 'pagedbatch_storage_failing{kind="transient"} 0.0' in _metrics(port)  # none reached our layer's retries
 
 
 @pytest.mark.slow
