@@ -24,10 +24,9 @@ VECTOR = pa.list_(pa.float32())
 VECTORS = pa.list_(VECTOR)
 
 
-def embedding_row(request: ParsedRequest, output, *, shard_id: str | None = None, tokenizer=None,
-                  created_at=None, started_at=None, finished_at=None) -> dict:
-    """`output`: the engine's pooling output for the line's inputs (`outputs.data`, [inputs, dim])."""
-    vectors = output.outputs.data.tolist()
+def pooling_row(request: ParsedRequest, prompt_tokens: int, body: dict, *, shard_id: str | None = None,
+                created_at=None, started_at=None, finished_at=None, **columns) -> dict:
+    """The completed row of a pooling line (embeddings, score, rerank): `body` as its response, no completion."""
     row = dict.fromkeys(RESULT_SCHEMA.names)
     row.update(
         custom_id=request.custom_id,
@@ -35,17 +34,23 @@ def embedding_row(request: ParsedRequest, output, *, shard_id: str | None = None
         status=COMPLETED,
         url=request.url,
         model=request.model,
-        prompt_tokens=usage_tokens(request),
+        prompt_tokens=prompt_tokens,
         completion_tokens=0,
-        response_body=json.dumps(response_of(request, vectors)),
+        response_body=json.dumps(body),
         shard_id=None if shard_id is None else str(shard_id),
         **_times(created_at, started_at, finished_at),
+        **columns,
     )
-    if len(vectors) == 1:
-        row["embedding"] = vectors[0]
-    else:
-        row["embeddings"] = vectors
     return row
+
+
+def embedding_row(request: ParsedRequest, output, *, shard_id: str | None = None, tokenizer=None,
+                  created_at=None, started_at=None, finished_at=None) -> dict:
+    """`output`: the engine's pooling output for the line's inputs (`outputs.data`, [inputs, dim])."""
+    vectors = output.outputs.data.tolist()
+    column = {"embedding": vectors[0]} if len(vectors) == 1 else {"embeddings": vectors}
+    return pooling_row(request, usage_tokens(request), response_of(request, vectors), shard_id=shard_id,
+                       created_at=created_at, started_at=started_at, finished_at=finished_at, **column)
 
 
 def upgrade_embedding_columns(table: pa.Table) -> pa.Table:
