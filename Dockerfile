@@ -13,7 +13,7 @@ WORKDIR /app
 RUN apt-get update && apt-get install -y --no-install-recommends g++ && rm -rf /var/lib/apt/lists/*
 RUN pip install "${TORCH_SPEC}" --index-url "${TORCH_INDEX}" || pip install "${TORCH_SPEC}"
 COPY pyproject.toml README.md ./
-# every package of pyproject's list (tests/test_dockerfile.py keeps the two in step)
+# every package of pyproject's list (tests/deploy/test_dockerfile.py keeps the two in step)
 COPY api api
 COPY batchfile batchfile
 COPY broker broker
@@ -21,6 +21,7 @@ COPY engine engine
 COPY pagedbatch_kernels pagedbatch_kernels
 COPY migrations migrations
 COPY pagedbatch pagedbatch
+COPY settings settings
 COPY store store
 COPY workers workers
 RUN pip install ".[triton,s3]" || pip install ".[s3]"

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from flask import Flask
 
-from api import dashboard, log_context, metrics, platform, request_ids
+from api import log_context, metrics, platform, request_ids
 from api.auth import authenticate
 from api.errors import register_error_handlers
-from api.routes import jobs, meta, openai_batch
+from api.routes import jobs, meta, openai_batch, openai_uploads, webhooks
 from api.routes.uploads import FRAMING_ROOM, UploadRequest
+from api.ui import dashboard
 from batchfile.model_limits import limits_by_name
 from store.settings import Settings
 
@@ -34,5 +35,7 @@ def create_app(settings: Settings | None = None, *, warm: bool = True) -> Flask:
     app.register_blueprint(meta.bp)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(openai_batch.bp)
+    app.register_blueprint(openai_uploads.bp)
+    app.register_blueprint(webhooks.bp)
     dashboard.install(app)  # /ui: the dashboard (session cookie, not the API key header)
     return app

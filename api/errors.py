@@ -54,6 +54,4 @@ def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):
         app.logger.exception("unhandled error")
-        return error_response(
-            500, "The server had an error while processing your request.", None, "server_error"
-        )
+        return error_response(500, "The server had an error while processing your request.", None, "server_error")

@@ -1,5 +1,5 @@
 """What the API accepts besides JSON bodies: the query parameters and multipart forms, as pydantic models.
-The handlers validate with them (api.routes.params) and the OpenAPI document publishes them (api.openapi),
+The handlers validate with them (api.routes.params) and the OpenAPI document publishes them (api.spec.openapi),
 so a published constraint is an enforced one. JSON bodies are declared in api.objects (BatchCreate)."""
 
 from __future__ import annotations
@@ -14,21 +14,36 @@ from store.models import INVALID_LINE_POLICIES, MAX_PRIORITY, MIN_PRIORITY
 
 JsonValue = TypeAliasType(
     "JsonValue",
-    Union[None, bool, int, Annotated[float, Field(allow_inf_nan=False)], Text, list["JsonValue"],  # noqa: UP007
-          dict[Text, "JsonValue"]],  # fmt: skip
+    Union[  # noqa: UP007 - a recursive alias needs Union's subscript form
+        None,
+        bool,
+        int,
+        Annotated[float, Field(allow_inf_nan=False)],
+        Text,
+        list["JsonValue"],
+        dict[Text, "JsonValue"],
+    ],
 )
 """Any JSON value without a NUL in its strings or keys (PostgreSQL's jsonb holds none)"""
 
 _JSON_VALUE = {"$ref": "#/components/schemas/JsonValue"}
 JSON_VALUE_SCHEMA = {
     "description": "Any JSON value without a NUL in its strings or keys",
-    "type": ["null", "boolean", "number", "string", "array", "object"], "pattern": NO_NUL,
-    "items": _JSON_VALUE, "propertyNames": {"pattern": NO_NUL}, "additionalProperties": _JSON_VALUE,
-}  # fmt: skip
+    "type": ["null", "boolean", "number", "string", "array", "object"],
+    "pattern": NO_NUL,
+    "items": _JSON_VALUE,
+    "propertyNames": {"pattern": NO_NUL},
+    "additionalProperties": _JSON_VALUE,
+}
 """JsonValue as the document states it: pydantic's anyOf of one schema per type, as one schema. The same
 values, and no "another type" a fuzzer could mutate a value into that is still valid."""
-Priority = Annotated[int, Field(ge=MIN_PRIORITY, le=MAX_PRIORITY, description="lower is served first, among the "
-                                "tenant's jobs (vLLM's meaning)"), INTEGRAL]  # fmt: skip
+Priority = Annotated[
+    int,
+    Field(
+        ge=MIN_PRIORITY, le=MAX_PRIORITY, description="lower is served first, among the tenant's jobs (vLLM's meaning)"
+    ),
+    INTEGRAL,
+]
 LIMIT = "How many objects a page holds"
 AFTER = "Cursor: the id of the last object of the previous page"
 JSON_PARTS = frozenset({"defaults", "metadata", "expires_after"})
@@ -61,6 +76,13 @@ class FileListQuery(Inputs):
 
 class ResultsQuery(Inputs):
     format: Literal["parquet", "jsonl"] = "parquet"
+    after: Annotated[str, Field(max_length=3_800, pattern=r"^[A-Za-z0-9_-]*$")] = Field(
+        None,
+        description="Read the lines completed so far, running or not, as a JSON page (ResultLines): `0` for the "
+        "first page, then the page's `next_cursor`. Lines come in the order their shards finished, each exactly "
+        "once; `format` is then ignored",
+    )
+    limit: Integer = Field(100, ge=1, le=1000, description="With `after`: the most lines a page holds")
 
 
 class FileUpload(Inputs):
@@ -83,6 +105,8 @@ class JobOptions(Inputs):
     on_invalid_lines: Literal[INVALID_LINE_POLICIES] = "skip"
     """skip: run the valid lines and report the others; fail: the job fails when a line is invalid"""
     priority: Priority = 0
+    dry_run: Literal["true", "false"] = "false"
+    """true: validate, plan and quote the file (a job.quote), create nothing and run nothing"""
 
 
 class JobUpload(JobOptions):

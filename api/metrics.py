@@ -10,7 +10,6 @@ read from PostgreSQL and Redis when scraped, so they are the same whichever work
 from __future__ import annotations
 
 import hmac
-import os
 import time
 
 from flask import Blueprint, Flask, Response, g, request
@@ -20,10 +19,11 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from api.platform import settings
 from broker.queue import queue_size
+from settings import ApiSettings, PlatformSettings, current
 from store import models_registry
+from store.filestore.storage_health import StorageCollector
 from store.settings import Settings
 from store.stats import jobs_by_status
-from store.storage_health import StorageCollector
 
 UNMATCHED = "unmatched"  # requests that matched no route share one label value, whatever their path
 
@@ -73,7 +73,7 @@ def _count(response: Response) -> Response:
 
 def process_registry():
     """This process's request metrics, or every gunicorn worker's in multiprocess mode."""
-    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if not current(ApiSettings).prometheus_multiproc_dir:
         return REGISTRY
     registry = CollectorRegistry()
     MultiProcessCollector(registry)
@@ -82,16 +82,18 @@ def process_registry():
 
 def _check_token() -> Response | None:
     """With PAGEDBATCH_METRICS_TOKEN set, a scrape must send it as `Authorization: Bearer <token>`."""
-    token = os.environ.get("PAGEDBATCH_METRICS_TOKEN")
+    token = current(PlatformSettings).metrics_token
     if not token:
         return None
     scheme, _, sent = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() == "bearer" and hmac.compare_digest(sent.strip().encode(), token.encode()):
         return None
     return Response(
-        "metrics need the bearer token (PAGEDBATCH_METRICS_TOKEN)\n", 401,
-        {"WWW-Authenticate": 'Bearer realm="pagedbatch-metrics"'}, content_type="text/plain",
-    )  # fmt: skip
+        "metrics need the bearer token (PAGEDBATCH_METRICS_TOKEN)\n",
+        401,
+        {"WWW-Authenticate": 'Bearer realm="pagedbatch-metrics"'},
+        content_type="text/plain",
+    )
 
 
 @bp.get("/metrics")

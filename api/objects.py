@@ -1,5 +1,5 @@
 """The API's objects as pydantic models: the one definition behind both the JSON the routes send
-(api.serializers) and the OpenAPI document's `components.schemas` (api.openapi).
+(api.serializers) and the OpenAPI document's `components.schemas` (api.spec.openapi).
 
 OpenAI's objects (File, Batch, ErrorResponse) follow the official `openai` client's types, field
 for field; Job is the native object. Every field is always sent, so every field is required in the
@@ -14,8 +14,14 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstr
 
 from store.models import JOB_STATUSES, MAX_PRIORITY, MIN_PRIORITY
 
-BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/score",
-                   "/v1/rerank")
+BATCH_ENDPOINTS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/responses",
+    "/v1/score",
+    "/v1/rerank",
+)
 COMPLETION_WINDOWS = ("24h",)
 METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's metadata limits
 
@@ -168,6 +174,42 @@ class JobUsage(ApiObject):
     total_tokens: int
 
 
+class JobPlan(ApiObject):
+    """The validation's prefix plan: lines sharing a prompt prefix grouped so each worker computes it once"""
+
+    prompt_tokens: int
+    """Prompt tokens of the valid lines"""
+    expected_cached_tokens: int
+    """Of those, the ones the plan expects the prefix cache to serve"""
+    max_completion_tokens: int
+    """The most completion tokens the lines may generate"""
+    cached_tokens: int
+    """Prompt tokens actually served from the prefix cache so far (usage.prompt_tokens_details.cached_tokens)"""
+
+
+class JobQuote(ApiObject):
+    """A file planned and priced without running it (POST /v1/jobs?dry_run=true, `pagedbatch quote`)"""
+
+    object: Literal["job.quote"] = "job.quote"
+    model: str
+    lines: int
+    """Valid lines"""
+    invalid_lines: int
+    shards: int
+    prompt_tokens: int
+    expected_cached_tokens: int
+    """Prompt tokens the prefix plan expects the cache to serve"""
+    max_completion_tokens: int
+    workers: int
+    """Workers serving the model now"""
+    estimated_run_seconds: float | None
+    """From the workers' measured step rates; null until a worker of the model has run"""
+    queue_ahead_seconds: float | None
+    """The work of the model's running and validating jobs"""
+    estimated_start_at: Timestamp
+    estimated_completion_at: Timestamp
+
+
 class Job(ApiObject):
     """The native job: status, request counts, token usage, progress and timestamps."""
 
@@ -189,6 +231,11 @@ class Job(ApiObject):
     progress: float = Field(ge=0, le=1)
     """Fraction of valid requests whose shard has finished"""
     shards: int
+    plan: JobPlan
+    estimated_completion_at: Timestamp
+    """While it runs: now plus the requests left at the rate it has finished them so far; null before its first"""
+    deadline_at_risk: bool = False
+    """The estimate passes the end of its completion_window (expires_at): flagged while there is time to act"""
     errors: list[LineError]
     """The first line errors"""
     status_detail: str | None
@@ -236,6 +283,8 @@ class Model(ApiObject):
     object: Literal["model"] = "model"
     created: int = 0
     owned_by: str = "pagedbatch"
+    root: str | None = None  # vLLM's: the model's directory (a LoRA adapter's: the adapter's)
+    parent: str | None = None  # vLLM's: a LoRA adapter's base model (lines naming the adapter run on it)
 
 
 class ModelList(ApiObject):
@@ -281,6 +330,7 @@ RESPONSE_OBJECTS: tuple[type[ApiObject], ...] = (
     FileDeleted,
     Batch,
     Job,
+    JobQuote,
     FileList,
     BatchList,
     JobList,

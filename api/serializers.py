@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 
 from api import objects
+from store.lifecycle.progress import Progress
+from store.lifecycle.quotes import Quote, estimated_completion
 from store.models import File, Job
-from store.progress import Progress
 
 
 def ts(value: datetime | None) -> int | None:
@@ -85,6 +86,13 @@ def batch_object(job: Job, progress: Progress) -> objects.Batch:
     )
 
 
+def _estimate(job: Job, progress: Progress) -> dict:
+    """A running job's estimated completion from its progress and live rate, and whether it misses its window."""
+    eta = estimated_completion(job, progress)
+    at_risk = eta is not None and job.expires_at is not None and eta > job.expires_at
+    return {"estimated_completion_at": None if eta is None else int(eta.timestamp()), "deadline_at_risk": at_risk}
+
+
 def job_object(job: Job, progress: Progress) -> objects.Job:
     """The native job: status, request counts, token usage, timestamps and progress."""
     valid = job.request_total - job.invalid_lines
@@ -115,6 +123,13 @@ def job_object(job: Job, progress: Progress) -> objects.Job:
         ),
         progress=round(progress.requests_done / valid, 4) if valid else 1.0,
         shards=job.shard_count,
+        plan=objects.JobPlan(
+            prompt_tokens=job.planned_prompt_tokens or 0,
+            expected_cached_tokens=job.planned_cached_tokens or 0,
+            max_completion_tokens=job.planned_completion_tokens or 0,
+            cached_tokens=progress.cached_tokens,
+        ),
+        **_estimate(job, progress),
         errors=_line_errors(job),
         status_detail=job.status_detail,
         **_timestamps(job),
@@ -128,4 +143,24 @@ def page(list_type: type[objects.ListOf], items: list[objects.ApiObject], has_mo
         first_id=items[0].id if items else None,
         last_id=items[-1].id if items else None,
         has_more=has_more,
+    )
+
+
+def quote_object(model: str, quote: Quote) -> objects.JobQuote:
+    def unix(when):
+        return None if when is None else int(when.timestamp())
+
+    return objects.JobQuote(
+        model=model,
+        lines=quote.lines,
+        invalid_lines=quote.invalid_lines,
+        shards=quote.shards,
+        prompt_tokens=quote.work.prompt_tokens,
+        expected_cached_tokens=quote.work.cached_tokens,
+        max_completion_tokens=quote.work.completion_tokens,
+        workers=quote.workers,
+        estimated_run_seconds=None if quote.run_seconds is None else round(quote.run_seconds, 3),
+        queue_ahead_seconds=None if quote.queue_seconds is None else round(quote.queue_seconds, 3),
+        estimated_start_at=unix(quote.start_at),
+        estimated_completion_at=unix(quote.completion_at),
     )

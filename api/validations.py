@@ -3,7 +3,7 @@
 The pool holds only job ids (the jobs themselves wait in the database, `validating`), and at most
 `max_concurrent_validations` run at once. It is started on first use, after gunicorn forked. A job
 whose validation died with its process (a restart, a crash) is resumed from its last checkpoint
-(`store.validating`): every RESUME_S each API process claims such jobs while it has idle validators,
+(`store.lifecycle.validating`): every RESUME_S each API process claims such jobs while it has idle validators,
 and workers' sweepers do the same for the jobs of their models.
 """
 
@@ -18,8 +18,8 @@ from concurrent.futures import wait as wait_futures
 from functools import partial
 
 from broker.queue import enqueue_shards
+from store.lifecycle.validating import claim_validation, run_validation, stale_validations
 from store.settings import Settings
-from store.validating import claim_validation, run_validation, stale_validations
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class ValidationPool:
             time.sleep(RESUME_S)
             try:
                 self.resume_stale()
-            except Exception as exc:  # noqa: BLE001 - the database is down: try again next time
+            except Exception as exc:  # the database is down: try again next time
                 log.warning("looking for stale validations failed: %s", type(exc).__name__)
 
     def resume_stale(self) -> int:

@@ -25,12 +25,29 @@ CHAT_TEMPLATE_ERROR = "chat_template_error"
 OUTPUT_BUDGET_EXCEEDED = "output_budget_exceeded"  # n x max_tokens x logprobs over the configured bound
 DUPLICATE_KEY = "duplicate_key"  # a JSON object naming one key twice
 MODEL_MISMATCH = "model_mismatch"  # the native API: a line's body.model is not the job's model
-REQUEST_ERROR_CODES = frozenset({
-    LINE_TOO_LONG, INVALID_UTF8, INVALID_JSON, INVALID_REQUEST, INVALID_CUSTOM_ID, DUPLICATE_CUSTOM_ID,
-    INVALID_METHOD, INVALID_URL, MISSING_MODEL, MODEL_NOT_FOUND, INVALID_MESSAGES, INVALID_PROMPT,
-    INVALID_PARAMETER, UNSUPPORTED_PARAMETER, CONTEXT_LENGTH_EXCEEDED, CHAT_TEMPLATE_ERROR,
-    OUTPUT_BUDGET_EXCEEDED, DUPLICATE_KEY, MODEL_MISMATCH,
-})  # fmt: skip
+REQUEST_ERROR_CODES = frozenset(
+    {
+        LINE_TOO_LONG,
+        INVALID_UTF8,
+        INVALID_JSON,
+        INVALID_REQUEST,
+        INVALID_CUSTOM_ID,
+        DUPLICATE_CUSTOM_ID,
+        INVALID_METHOD,
+        INVALID_URL,
+        MISSING_MODEL,
+        MODEL_NOT_FOUND,
+        INVALID_MESSAGES,
+        INVALID_PROMPT,
+        INVALID_PARAMETER,
+        UNSUPPORTED_PARAMETER,
+        CONTEXT_LENGTH_EXCEEDED,
+        CHAT_TEMPLATE_ERROR,
+        OUTPUT_BUDGET_EXCEEDED,
+        DUPLICATE_KEY,
+        MODEL_MISMATCH,
+    }
+)
 
 
 @dataclass

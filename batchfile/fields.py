@@ -7,6 +7,7 @@ import json
 import math
 
 from batchfile.errors import INVALID_MESSAGES, INVALID_PARAMETER, INVALID_PROMPT, InvalidLine
+from batchfile.images import image_part
 
 MAX_INT32 = 2**31 - 1  # integer parameters end up in tensors: bound them before a worker overflows
 
@@ -98,7 +99,14 @@ def _message(i: int, message) -> dict:
     calls = message.get("tool_calls") if role == "assistant" else None
     if content is None and calls:
         content = ""  # an assistant turn that only calls tools
-    if isinstance(content, list):
+    if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") in IMAGE_PARTS for p in content):
+        content = [
+            image_part(f"{where}.content[{j}]", part)
+            if part.get("type") in IMAGE_PARTS
+            else {"type": "text", "text": _text_part(f"{where}.content[{j}]", part)}
+            for j, part in enumerate(content)
+        ]
+    elif isinstance(content, list):
         content = "\n".join(_text_part(f"{where}.content[{j}]", part) for j, part in enumerate(content))
     elif not isinstance(content, str):
         raise InvalidLine(INVALID_MESSAGES, f"{where}.content must be a string or an array of text parts")
@@ -127,9 +135,13 @@ def _tool_calls(where: str, calls) -> list[dict]:
             arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
         except ValueError:
             raise InvalidLine(INVALID_MESSAGES, f"{where}.tool_calls[{j}].function.arguments is not JSON") from None
-        out.append({"id": call.get("id"), "type": "function",
-                    "function": {"name": function["name"], "arguments": arguments}})
+        out.append(
+            {"id": call.get("id"), "type": "function", "function": {"name": function["name"], "arguments": arguments}}
+        )
     return out
+
+
+IMAGE_PARTS = ("image_url", "input_image")
 
 
 def _text_part(where: str, part) -> str:

@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.chat_template import render_chat
-from engine.encoder_config import EncoderConfig, encoder_architecture
-from engine.model_info import context_length, read_config
-from engine.sentence_transformers_config import PoolerConfig, default_runner, read_pooler_config
+from engine.hf import light_tokenizer
+from engine.hf.chat_template import render_chat
+from engine.hf.encoder_config import EncoderConfig, encoder_architecture
+from engine.hf.model_info import context_length, read_config
+from engine.hf.sentence_transformers_config import PoolerConfig, default_runner, read_pooler_config
+from engine.multimodal.families import image_tokens
 
 
 class UnknownModel(ValueError):
@@ -23,7 +25,9 @@ class UnknownModel(ValueError):
 @dataclass(eq=False)
 class ModelLimits:
     name: str
-    tokenizer: Any  # a Hugging Face tokenizer (fast ones are batched through their Rust backend)
+    # `engine.hf.light_tokenizer` (tokenizers + jinja2, no transformers/torch) where it reads the directory as
+    # transformers would, else a Hugging Face tokenizer (fast ones are batched through their Rust backend)
+    tokenizer: Any
     max_model_len: int
     vocab_size: int
     # False (the default): special-token text in chat message content ("<|im_start|>system") is plain
@@ -34,6 +38,8 @@ class ModelLimits:
     pooler: PoolerConfig | None = None
     hidden_size: int | None = None
     classifier: bool = False  # a sequence-classification model (a cross-encoder): score and rerank lines only
+    image_tokens: int | None = None  # an image-text model: about the prompt tokens of one image; None: no images
+    base_model: str | None = None  # a LoRA adapter's: the model whose workers run its lines (with the adapter)
 
     @classmethod
     def from_dir(
@@ -47,8 +53,9 @@ class ModelLimits:
         """Load (once per process and arguments) from a Hugging Face model directory."""
         return _load(str(Path(model_dir).resolve()), name, max_model_len, special_tokens_in_content)
 
-    def render_chat(self, conversations: list[list[dict]], template_kwargs: Mapping | None = None,
-                    tools: list[dict] | None = None) -> list[str]:
+    def render_chat(
+        self, conversations: list[list[dict]], template_kwargs: Mapping | None = None, tools: list[dict] | None = None
+    ) -> list[str]:
         """Each conversation through the chat template (with `tools`), with the generation prompt appended."""
         return render_chat(self.tokenizer, conversations, template_kwargs, tools)
 
@@ -106,12 +113,22 @@ class ModelLimits:
         plain.encode_special_tokens = True
         return plain
 
+    def encode_pairs(self, firsts: list[str], seconds: list[str] | None, max_length: int | None = None) -> dict:
+        """A cross-encoder's inputs (`input_ids`, and `token_type_ids` where the model takes them), cut to
+        `max_length` longest-first when given."""
+        if isinstance(self.tokenizer, light_tokenizer.LightTokenizer):
+            return self.tokenizer.encode_pairs(firsts, seconds, max_length)
+        kwargs = {} if max_length is None else {"truncation": True, "max_length": max_length}
+        return self.tokenizer(firsts, seconds, **kwargs)
+
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
 
     @functools.cached_property
     def _fast(self) -> bool:
         """Use the Rust backend directly only if it agrees with the tokenizer's own __call__."""
+        if isinstance(self.tokenizer, light_tokenizer.LightTokenizer):
+            return True
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if not getattr(self.tokenizer, "is_fast", False) or backend is None:
             return False
@@ -125,18 +142,32 @@ class ModelLimits:
 
 @functools.lru_cache(maxsize=16)
 def _load(model_dir: str, name: str | None, max_model_len: int | None, special_in_content: bool) -> ModelLimits:
-    from transformers import AutoTokenizer
-
     config = read_config(model_dir)
     encoder = EncoderConfig.from_dict(config, Path(model_dir), max_model_len) if encoder_architecture(config) else None
     length = encoder.max_model_len if encoder else context_length(config, max_model_len)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = light_tokenizer.load(model_dir) or _hf_tokenizer(model_dir)
     vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size") or len(tokenizer)
     runner = default_runner(Path(model_dir), config)
     pooler = read_pooler_config(Path(model_dir), config) if runner == "pooling" else None
     hidden = (pooler.dense_output_size if pooler else None) or config.get("hidden_size")
-    return ModelLimits(name or Path(model_dir).name, tokenizer, length, int(vocab), special_in_content,
-                       runner, pooler, hidden, bool(encoder and encoder.classifier))
+    return ModelLimits(
+        name or Path(model_dir).name,
+        tokenizer,
+        length,
+        int(vocab),
+        special_in_content,
+        runner,
+        pooler,
+        hidden,
+        bool(encoder and encoder.classifier),
+        image_tokens(model_dir, config),
+    )
+
+
+def _hf_tokenizer(model_dir: str):
+    from transformers import AutoTokenizer  # imports torch: only where the light tokenizer cannot serve
+
+    return AutoTokenizer.from_pretrained(model_dir)
 
 
 def limits_by_name(model_dirs: Mapping[str, str], special_in_content: Collection[str] = ()) -> dict[str, ModelLimits]:

@@ -39,8 +39,8 @@ def render(chunk: list[Pending], errors: dict[int, LineError]) -> None:
 def _guard_content(p: Pending) -> None:
     """Unless the model opts out, message content holding special-token text is rendered as a
     placeholder and tokenized as plain text (`encode`), so a user cannot forge the template's markers."""
-    if p.limits.special_tokens_in_content or not p.limits.special_strings:
-        return
+    if p.limits.special_tokens_in_content or not p.limits.special_strings or p.images:
+        return  # (a line with images: its text goes to the worker's processor as rendered)
     plain: dict[str, str] = {}
     for message in p.messages:
         if p.limits.has_special_text(message["content"]):

@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from batchfile import completion_options, structured, tool_calls
+from batchfile.endpoints import completion_options, structured, tool_calls
 from batchfile.errors import INVALID_PARAMETER, OUTPUT_BUDGET_EXCEEDED, UNSUPPORTED_PARAMETER, InvalidLine
 from batchfile.fields import (
     MAX_INT32,
@@ -171,13 +171,12 @@ def _check_stops(stops: list[str] | None, bounds: RequestBounds) -> None:
         raise InvalidLine(INVALID_PARAMETER, f"stop holds {len(stops)} strings; at most {bounds.max_stop_strings}")
     longest = max(len(s) for s in stops)
     if longest > bounds.max_stop_chars:
-        raise InvalidLine(
-            INVALID_PARAMETER, f"a stop string is {longest} characters; at most {bounds.max_stop_chars}"
-        )
+        raise InvalidLine(INVALID_PARAMETER, f"a stop string is {longest} characters; at most {bounds.max_stop_chars}")
 
 
-def check_output_budget(n: int, max_tokens: int, logprobs: int | None, bounds: RequestBounds, *,
-                        prompt_rows: int = 0) -> None:
+def check_output_budget(
+    n: int, max_tokens: int, logprobs: int | None, bounds: RequestBounds, *, prompt_rows: int = 0
+) -> None:
     """What a request may generate: n x max_tokens tokens, each with 1 + logprobs entries when
     logprobs are asked for (the rows a worker holds grow with it), plus the prompt's rows when
     its logprobs are asked for (echo)."""

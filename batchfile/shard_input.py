@@ -16,9 +16,10 @@ from typing import IO
 from batchfile.errors import INVALID_URL, LineError
 from batchfile.model_limits import ModelLimits
 from batchfile.parser import parse_requests
+from batchfile.prefix_plan import DEFAULT_BLOCK_SIZE, PlanLine, prompt_blocks
 from batchfile.request import ParsedRequest
 from batchfile.sampling import OPENAI_BOUNDS, RequestBounds
-from engine.sampling_params import SamplingParams
+from engine.params.sampling_params import SamplingParams
 
 
 @dataclass
@@ -26,6 +27,13 @@ class GoodLine:
     model: str
     shard_line: str  # a JSON line for the shard input file
     line: int = 0  # its line number in the input
+    prompt_tokens: int = 0
+    max_tokens: int = 0  # the most completion tokens it may generate (all its choices)
+    blocks: tuple[bytes, ...] = ()  # its prompt's full KV blocks (batchfile.prefix_plan); () if uncacheable
+
+    @property
+    def plan_line(self) -> PlanLine:
+        return PlanLine(self.shard_line, self.prompt_tokens, self.max_tokens, self.blocks)
 
 
 @dataclass
@@ -50,6 +58,7 @@ def validate_stream(
     endpoint: str | None = None,
     defaults: dict | None = None,
     bounds: RequestBounds = OPENAI_BOUNDS,
+    block_size: int = DEFAULT_BLOCK_SIZE,
 ) -> Iterator[GoodLine | BadLine]:
     """Parse and validate line by line. With one `ModelLimits` every line runs on it (the native
     API; a line's body.model, if given, must name it); with {name: ModelLimits} each line's
@@ -61,7 +70,23 @@ def validate_stream(
             message = f"url {item.url} does not match the batch's endpoint {endpoint}"
             yield BadLine(LineError(item.line, item.custom_id, INVALID_URL, message, "url"))
         else:
-            yield GoodLine(item.model, encode_request(item), item.line)
+            yield _good_line(models, item, block_size)
+
+
+def _good_line(models, item: ParsedRequest, block_size: int) -> GoodLine:
+    """The line with what planning and quotes need: its prompt and completion sizes and block hashes."""
+    good = GoodLine(_route(models, item.model), encode_request(item), item.line)
+    if item.inputs is not None:  # embeddings: pooled, never served from the prefix cache
+        good.prompt_tokens = sum(len(ids) for ids in item.inputs)
+        return good
+    ids, sp = item.prompt_token_ids, item.sampling_params
+    good.prompt_tokens = len(ids)
+    limits = models if isinstance(models, ModelLimits) else models.get(item.model)
+    room = max(0, limits.max_model_len - len(ids)) if limits is not None else 0
+    good.max_tokens = (sp.max_tokens if sp.max_tokens is not None else room) * max(sp.n, sp.best_of or 1)
+    if not item.images and sp.prompt_logprobs is None:
+        good.blocks = prompt_blocks(ids, item.model.encode(), block_size)
+    return good
 
 
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
@@ -76,8 +101,19 @@ def _param_defaults() -> dict:
 def encode_request(item: ParsedRequest) -> str:
     """A shard-input line; only the sampling parameters that differ from the defaults are written."""
     if item.inputs is not None:  # /v1/embeddings: every input's ids and the options
-        return _encode({"line": item.line, "custom_id": item.custom_id, "url": item.url, "model": item.model,
-                        "inputs": item.inputs, "embedding": item.embedding_options}) + "\n"
+        return (
+            _encode(
+                {
+                    "line": item.line,
+                    "custom_id": item.custom_id,
+                    "url": item.url,
+                    "model": item.model,
+                    "inputs": item.inputs,
+                    "embedding": item.embedding_options,
+                }
+            )
+            + "\n"
+        )
     sp = item.sampling_params
     params = {name: value for name, default in _param_defaults().items() if (value := getattr(sp, name)) != default}
     if sp.structured_outputs is not None:
@@ -92,14 +128,25 @@ def encode_request(item: ParsedRequest) -> str:
     }
     if item.options:
         record["options"] = item.options
+    if item.images:
+        record["images"], record["prompt_text"] = item.images, item.prompt_text
     return _encode(record) + "\n"
 
 
 def decode_request(line: str | bytes) -> ParsedRequest:
     record = json.loads(line)
     if "inputs" in record:
-        return ParsedRequest(record["line"], record["custom_id"], record["url"], record["model"], [], None, {},
-                             inputs=record["inputs"], embedding_options=record["embedding"])
+        return ParsedRequest(
+            record["line"],
+            record["custom_id"],
+            record["url"],
+            record["model"],
+            [],
+            None,
+            {},
+            inputs=record["inputs"],
+            embedding_options=record["embedding"],
+        )
     return ParsedRequest(
         line=record["line"],
         custom_id=record["custom_id"],
@@ -109,4 +156,13 @@ def decode_request(line: str | bytes) -> ParsedRequest:
         sampling_params=SamplingParams(**record["params"]),
         body={},
         options=record.get("options", {}),
+        images=record.get("images"),
+        prompt_text=record.get("prompt_text"),
     )
+
+
+def _route(models, name: str) -> str:
+    """The model whose workers run a line of model `name`: a LoRA adapter's base (the line keeps the adapter's
+    name, which the worker runs it with)."""
+    limits = models if isinstance(models, ModelLimits) else models.get(name)
+    return limits.base_model if limits is not None and limits.base_model else name

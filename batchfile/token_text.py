@@ -63,7 +63,6 @@ def hf_tokenizer(tokenizer):
     return tokenizer if hasattr(tokenizer, "convert_ids_to_tokens") else tokenizer.tokenizer
 
 
-
 def token_bytes(tokenizer, token_id: int) -> bytes:
     """The token's real bytes (a special token's are its text's)."""
     tokenizer = hf_tokenizer(tokenizer)

@@ -9,7 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from batchfile import completion_options, embeddings, scoring
+from batchfile.endpoints import completion_options, embeddings, scoring
+from batchfile.endpoints.responses_api import to_chat_body
+from batchfile.endpoints.tool_calls import read_tools
 from batchfile.errors import (
     CONTEXT_LENGTH_EXCEEDED,
     DUPLICATE_CUSTOM_ID,
@@ -31,6 +33,8 @@ from batchfile.errors import (
     LineError,
 )
 from batchfile.fields import as_bool, messages_of, prompt_of, type_name
+from batchfile.images import check_count as check_image_count
+from batchfile.images import images_in
 from batchfile.model_limits import ModelLimits
 from batchfile.request import (
     CHAT_URL,
@@ -41,10 +45,8 @@ from batchfile.request import (
     URLS,
     ParsedRequest,
 )
-from batchfile.responses_api import to_chat_body
 from batchfile.sampling import OPENAI_BOUNDS, RequestBounds, check_output_budget, merge_defaults, sampling_kwargs
-from batchfile.tool_calls import read_tools
-from engine.sampling_params import SamplingParams
+from engine.params.sampling_params import SamplingParams
 
 MAX_CUSTOM_ID_LENGTH = 512
 
@@ -67,9 +69,10 @@ class Pending:
     token_ids: list[int] | None = None
     bounds: RequestBounds = OPENAI_BOUNDS
     plain_content: dict[str, str] | None = None  # placeholder -> message content to tokenize as plain text
-    embedding: Any = None  # an embeddings line's batchfile.embeddings.EmbeddingInputs (tokenized in finish)
+    embedding: Any = None  # an embeddings line's batchfile.endpoints.embeddings.EmbeddingInputs (tokenized in finish)
     options: dict | None = None  # ParsedRequest.options
     tools: list | None = None  # for the chat template
+    images: list | None = None  # a chat line's image URLs in order (batchfile.images)
 
 
 def _reject_constant(name: str):
@@ -189,8 +192,9 @@ class LineValidator:
         except (ValueError, TypeError) as e:
             raise InvalidLine(INVALID_PARAMETER, str(e)) from None
         completion_options.check_bias_ids(sampling.logit_bias, limits.vocab_size)
-        pending = Pending(line, custom_id, url, limits, raw_body, sampling, explicit, bounds=self.bounds,
-                          options=options, tools=tools)
+        pending = Pending(
+            line, custom_id, url, limits, raw_body, sampling, explicit, bounds=self.bounds, options=options, tools=tools
+        )
         _read_prompt(pending, body)
         return pending
 
@@ -227,8 +231,11 @@ def _shape_options(body: dict, url: str, params: dict) -> tuple[dict, list | Non
             options["tools"] = tool_options
         if spec is not None:
             if "structured_outputs" in params:
-                raise InvalidLine(INVALID_PARAMETER, "tool_choice required or a named function already "
-                                  "constrains the output; leave out response_format and structured_outputs")
+                raise InvalidLine(
+                    INVALID_PARAMETER,
+                    "tool_choice required or a named function already "
+                    "constrains the output; leave out response_format and structured_outputs",
+                )
             params["structured_outputs"] = spec
     return options, tools
 
@@ -239,6 +246,11 @@ def _read_prompt(pending: Pending, body: dict) -> None:
         as_bool("add_special_tokens", special)
     if pending.url in MESSAGE_URLS:
         pending.messages = messages_of(body.get("messages"))
+        pending.images = images_in(pending.messages) or None
+        if pending.images:
+            if pending.limits.image_tokens is None:
+                raise InvalidLine("model_not_multimodal", f"model {pending.limits.name} takes no images")
+            check_image_count(len(pending.images))
         kwargs = body.get("chat_template_kwargs")
         if kwargs is not None and not isinstance(kwargs, dict):
             raise InvalidLine(INVALID_PARAMETER, "chat_template_kwargs must be an object")
@@ -255,14 +267,21 @@ def finish(pending: Pending) -> ParsedRequest:
     """The request, once its prompt is tokenized: the prompt must leave room in the context for
     max_tokens (chat without max_tokens gets the rest of the context)."""
     if pending.embedding is not None and pending.url in SCORING_URLS:
-        return scoring.finish_line(pending.line, pending.custom_id, pending.url, pending.limits, pending.body,
-                                   pending.embedding)
+        return scoring.finish_line(
+            pending.line, pending.custom_id, pending.url, pending.limits, pending.body, pending.embedding
+        )
     if pending.embedding is not None:
         return embeddings.finish_line(pending.line, pending.custom_id, pending.limits, pending.body, pending.embedding)
-    _fit_context(pending, pending.token_ids)
+    images = len(pending.images or ())
+    _fit_context(pending, pending.token_ids + [0] * (images * (pending.limits.image_tokens or 1) - images))
     sp = pending.sampling
-    check_output_budget(sp.n, sp.max_tokens, sp.logprobs, pending.bounds,
-                        prompt_rows=len(pending.token_ids) if sp.prompt_logprobs is not None else 0)
+    check_output_budget(
+        sp.n,
+        sp.max_tokens,
+        sp.logprobs,
+        pending.bounds,
+        prompt_rows=len(pending.token_ids) if sp.prompt_logprobs is not None else 0,
+    )
     return ParsedRequest(
         pending.line,
         pending.custom_id,
@@ -272,6 +291,8 @@ def finish(pending: Pending) -> ParsedRequest:
         pending.sampling,
         pending.body,
         options=pending.options or {},
+        images=pending.images,
+        prompt_text=pending.text if pending.images else None,
     )
 
 

@@ -26,7 +26,7 @@ def request_per_step(llm, prompts, params):
     """The peer: every step sends each live beam's whole token list as a new one-token request; the
     prefix cache serves its full blocks."""
     from engine import SamplingParams
-    from engine.beam_search import BeamSearchSequence, best_sequences, next_beams
+    from engine.beam.search import BeamSearchSequence, best_sequences, next_beams
 
     eos, step = llm.llm_engine.eos_token_id, SamplingParams(logprobs=2 * params.beam_width, max_tokens=1)
     live = [[BeamSearchSequence(list(p))] for p in prompts]
@@ -73,24 +73,29 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from engine import LLM, BeamSearchParams
-    from engine.tiny import write_tiny_model
+    from engine.testing.tiny import write_tiny_model
 
     path = write_tiny_model(tempfile.mkdtemp() + "/bench-qwen3", "qwen3", **BENCH_CONFIG)
     rng = random.Random(0)
     prompts = [[rng.randrange(BENCH_CONFIG["vocab_size"]) for _ in range(args.prompt_len)] for _ in range(args.prompts)]
     params = BeamSearchParams(beam_width=args.beam_width, max_tokens=args.max_tokens, ignore_eos=True)
-    print(f"model: Qwen3-shaped, float32, {args.device}, {torch.get_num_threads()} threads; {args.prompts} prompts "
-          f"of {args.prompt_len} tokens, beam_width {args.beam_width}, {args.max_tokens} tokens")
+    print(
+        f"model: Qwen3-shaped, float32, {args.device}, {torch.get_num_threads()} threads; {args.prompts} prompts "
+        f"of {args.prompt_len} tokens, beam_width {args.beam_width}, {args.max_tokens} tokens"
+    )
 
     def in_engine(llm, ps, p):
         return llm.beam_search([{"prompt_token_ids": x} for x in ps], p)
 
     rows = []
-    for name, run in (("beams in the engine (fork, copy-on-write)", in_engine),
-                      ("one request per beam and step (before)", request_per_step)):
+    for name, run in (
+        ("beams in the engine (fork, copy-on-write)", in_engine),
+        ("one request per beam and step (before)", request_per_step),
+    ):
         llm = LLM(str(path), dtype="float32", device=args.device)
         rows.append((name, *timed(llm, run, prompts, params, args.repeat)))
         del llm
+
     def ids(out):
         return [s.tokens for s in out.sequences]
 
@@ -98,12 +103,16 @@ def main() -> None:
     print(f"same beams (token ids) for {same}/{len(prompts)} prompts; time: the best of {args.repeat} runs")
     ours_s, ours_tokens = rows[0][1], rows[0][2]
     print()
-    print(f"| {'beam search':<42} | {'time (s)':>8} | {'computed tokens':>15} | {'time / ours':>11} "
-          f"| {'tokens / ours':>13} |")
+    print(
+        f"| {'beam search':<42} | {'time (s)':>8} | {'computed tokens':>15} | {'time / ours':>11} "
+        f"| {'tokens / ours':>13} |"
+    )
     print(f"|{'-' * 44}|{'-' * 10}|{'-' * 17}|{'-' * 13}|{'-' * 15}|")
     for name, seconds, tokens, _ in rows:
-        print(f"| {name:<42} | {seconds:8.2f} | {tokens:15d} | {seconds / ours_s:10.2f}x "
-              f"| {tokens / ours_tokens:12.2f}x |")
+        print(
+            f"| {name:<42} | {seconds:8.2f} | {tokens:15d} | {seconds / ours_s:10.2f}x "
+            f"| {tokens / ours_tokens:12.2f}x |"
+        )
 
 
 if __name__ == "__main__":

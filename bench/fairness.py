@@ -32,7 +32,7 @@ from concurrent.futures import wait
 import torch
 
 from engine import LLMEngine, SamplingParams
-from workers.engine_host import EngineHost
+from workers.host.engine_host import EngineHost
 from workers.priority import lower_this_thread
 
 A_REQUESTS, B_REQUESTS, B_TOKENS = 512, 4, 4
@@ -96,8 +96,14 @@ def _run_jobs(host: EngineHost, a_tokens: int) -> dict:
     wait(a_futures)
     a_seconds = time.perf_counter() - t0
     idle += [_b_latency(host, f"idle-after{i}") for i in range(IDLE_SAMPLES - len(idle))]
-    return {"idle": statistics.median(idle), "loaded": statistics.median(samples), "slowest": max(samples),
-            "runs": len(samples), "a_done_before_b": a_done_before_b, "a_seconds": a_seconds}  # fmt: skip
+    return {
+        "idle": statistics.median(idle),
+        "loaded": statistics.median(samples),
+        "slowest": max(samples),
+        "runs": len(samples),
+        "a_done_before_b": a_done_before_b,
+        "a_seconds": a_seconds,
+    }
 
 
 def main() -> None:
@@ -105,24 +111,32 @@ def main() -> None:
     parser.add_argument("--model", help="a model directory (default: a tiny random model)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--a-tokens", type=int, default=128, help="output tokens of each of A's requests")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch's CPU threads (default: torch's choice); 1 keeps a shared machine's other "
-                        "load from stalling every step at OpenMP's barriers")  # fmt: skip
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch's CPU threads (default: torch's choice); 1 keeps a shared machine's other "
+        "load from stalling every step at OpenMP's barriers",
+    )
     args = parser.parse_args()
     model = args.model
     if model is None:
-        from engine.tiny import write_tiny_model
+        from engine.testing.tiny import write_tiny_model
 
         model = str(write_tiny_model(os.path.join(tempfile.mkdtemp(), "tiny"), arch="qwen3"))
     rows = [measure(model, args.device, fair, args.a_tokens, args.threads) for fair in (False, True)]
     rows.append(measure(model, args.device, True, args.a_tokens, args.threads, step_factor=0))
     print(f"A: {A_REQUESTS} requests x {args.a_tokens} tokens; B: {B_REQUESTS} requests x {B_TOKENS} tokens\n")
-    print("| admission | B idle (s) | B while A runs (s) | ratio | B's runs while A runs | slowest of them (s) "
-          "| A's requests done before B's first | A's job (s) |")  # fmt: skip
+    print(
+        "| admission | B idle (s) | B while A runs (s) | ratio | B's runs while A runs | slowest of them (s) "
+        "| A's requests done before B's first | A's job (s) |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['mode']} | {r['idle']:.4f} | {r['loaded']:.4f} | {r['loaded'] / r['idle']:.1f}x | {r['runs']} "
-              f"| {r['slowest']:.4f} | {r['a_done_before_b']} | {r['a_seconds']:.1f} |")  # fmt: skip
+        print(
+            f"| {r['mode']} | {r['idle']:.4f} | {r['loaded']:.4f} | {r['loaded'] / r['idle']:.1f}x | {r['runs']} "
+            f"| {r['slowest']:.4f} | {r['a_done_before_b']} | {r['a_seconds']:.1f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -35,13 +35,28 @@ from pathlib import Path
 import torch
 
 QWEN3_0_6B = dict(
-    vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-    num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
-    max_position_embeddings=40960, rms_norm_eps=1e-6, initializer_range=0.02,
+    vocab_size=151936,
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    tie_word_embeddings=True,
+    max_position_embeddings=40960,
+    rms_norm_eps=1e-6,
+    initializer_range=0.02,
 )
 SMOKE_MODEL = dict(
-    vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=32, tie_word_embeddings=True, max_position_embeddings=512,
+    vocab_size=1024,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    tie_word_embeddings=True,
+    max_position_embeddings=512,
     initializer_range=0.02,
 )
 HEADLINE_TARGET = 25_000  # output tokens/s on an H200
@@ -72,8 +87,11 @@ class Plan:
         self.headline = headline
         self.compare = min(args.compare_requests or (4 if args.cpu_smoke else 16 if args.quick else 64), headline)
         self.engine_kwargs = dict(
-            device=self.device, dtype="float32" if args.cpu_smoke else "bfloat16",
-            max_model_len=self.max_model_len, max_num_seqs=256, max_num_batched_tokens=16384,
+            device=self.device,
+            dtype="float32" if args.cpu_smoke else "bfloat16",
+            max_model_len=self.max_model_len,
+            max_num_seqs=256,
+            max_num_batched_tokens=16384,
             # Random prompts share no prefix; off, a second pass over the same prompts gets no hits.
             enable_prefix_caching=False,
         )
@@ -96,7 +114,7 @@ def guarded(name: str, results: dict):
         start = time.monotonic()
         try:
             results[name] = fn(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - report and go on to the next part
+        except Exception as exc:  # report and go on to the next part
             results[name] = None
             results.setdefault("errors", []).append(f"{name}: {type(exc).__name__}: {exc}")
             print(f"# {name} FAILED after {time.monotonic() - start:.0f}s:", flush=True)
@@ -110,6 +128,7 @@ def guarded(name: str, results: dict):
 
 # ---- 1. kernels ------------------------------------------------------------------------
 
+
 def kernel_checks():
     from bench.gpu_kernels import check_kernels_on_gpu, print_tables
 
@@ -117,10 +136,17 @@ def kernel_checks():
     print_tables(checks, bandwidth)
     headline = next(r for r in bandwidth if r["case"].startswith("decode 256x1024"))
     verdict = "PASS" if headline["fraction_of_copy"] >= ATTENTION_TARGET else "FAIL"
-    print(f"target: decode attention 256x1024 >= {ATTENTION_TARGET:.0%} of copy bandwidth: "
-          f"{headline['fraction_of_copy']:.0%} {verdict}")
-    return dict(checks=checks, bandwidth=bandwidth, all_ok=all(c[3] for c in checks),
-                copy_gbps=headline["copy_gbps"], attention_fraction=headline["fraction_of_copy"])
+    print(
+        f"target: decode attention 256x1024 >= {ATTENTION_TARGET:.0%} of copy bandwidth: "
+        f"{headline['fraction_of_copy']:.0%} {verdict}"
+    )
+    return dict(
+        checks=checks,
+        bandwidth=bandwidth,
+        all_ok=all(c[3] for c in checks),
+        copy_gbps=headline["copy_gbps"],
+        attention_fraction=headline["fraction_of_copy"],
+    )
 
 
 def copy_bandwidth_gbps(device: str) -> float:
@@ -147,12 +173,13 @@ def copy_bandwidth_gbps(device: str) -> float:
 
 # ---- 2. model and engine ---------------------------------------------------------------
 
+
 def build_model(plan: Plan):
     """A Qwen3-shaped checkpoint with random weights, written to a temp dir; also returns the
     transformers model (kept on the device for part 3)."""
     from transformers import AutoModelForCausalLM
 
-    from engine.tiny import build_tokenizer, tiny_config
+    from engine.testing.tiny import build_tokenizer, tiny_config
 
     path = Path(tempfile.mkdtemp(prefix="pagedbatch-bench-")) / "qwen3"
     config = tiny_config("qwen3", **plan.model)
@@ -233,7 +260,10 @@ def timed_generate(llm, prompts, output_lens, meter: BusyMeter | None):
     assert got == list(output_lens), "an engine request stopped early"
     steps = engine.stats["steps"] - before["steps"]
     return dict(
-        seconds=seconds, tokens=sum(output_lens), tok_s=sum(output_lens) / seconds, steps=steps,
+        seconds=seconds,
+        tokens=sum(output_lens),
+        tok_s=sum(output_lens) / seconds,
+        steps=steps,
         mean_batch=(engine.stats["batched_seqs"] - before["batched_seqs"]) / max(steps, 1),
         busy=meter.seconds() / seconds if meter is not None else None,
     )
@@ -250,13 +280,18 @@ def run_engine(plan: Plan, path: Path, results: dict):
     graphs = runner.graph_runner
     block_bytes = runner._bytes_per_block()
     info = dict(
-        startup_s=startup, num_blocks=runner.num_blocks, pool_tokens=runner.num_blocks * runner.block_size,
+        startup_s=startup,
+        num_blocks=runner.num_blocks,
+        pool_tokens=runner.num_blocks * runner.block_size,
         pool_gib=runner.num_blocks * block_bytes / 2**30,
         graphs=len(graphs.graphs) if graphs is not None else 0,
         kv_bytes_per_token=block_bytes // runner.block_size,
     )
-    print(f"engine: started in {startup:.1f}s, KV pool {info['pool_tokens']} tokens "
-          f"({info['pool_gib']:.1f} GiB), {info['graphs']} decode graphs", flush=True)
+    print(
+        f"engine: started in {startup:.1f}s, KV pool {info['pool_tokens']} tokens "
+        f"({info['pool_gib']:.1f} GiB), {info['graphs']} decode graphs",
+        flush=True,
+    )
     results["engine"] = info
 
     # One warm-up run: every prompt length class of kernel, batch sizes up to 256, decode
@@ -264,10 +299,13 @@ def run_engine(plan: Plan, path: Path, results: dict):
     rng = random.Random(1)
     vocab = plan.model["vocab_size"]
     longest = min(96, plan.max_model_len // 2)
-    warm = [[rng.randint(min(10001, vocab - 1), vocab - 1) for _ in range(rng.randint(8, longest))]
-            for _ in range(len(plan.prompts))]
-    llm.generate([{"prompt_token_ids": p} for p in warm],
-                 SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    warm = [
+        [rng.randint(min(10001, vocab - 1), vocab - 1) for _ in range(rng.randint(8, longest))]
+        for _ in range(len(plan.prompts))
+    ]
+    llm.generate(
+        [{"prompt_token_ids": p} for p in warm], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    )
 
     meter = BusyMeter(runner) if plan.device == "cuda" else None
     try:
@@ -281,6 +319,7 @@ def run_engine(plan: Plan, path: Path, results: dict):
 
 
 # ---- 3. transformers ---------------------------------------------------------------------
+
 
 @torch.no_grad()
 def run_transformers(model, prompts, output_lens, device: str):
@@ -304,13 +343,18 @@ def run_transformers(model, prompts, output_lens, device: str):
 
 # ---- 4. the floor --------------------------------------------------------------------------
 
+
 def bandwidth_floor(plan: Plan, copy_gbps: float, kv_bytes_per_token: int) -> dict:
     """Bytes every decode step must read (all weights once, plus each live token's K/V),
     summed over the workload, at the copy bandwidth. The first token of each request comes
     from its prefill; decode steps are at least the longest output less one."""
     m = plan.model
-    h, q, kv, inter = m["hidden_size"], m["num_attention_heads"] * m["head_dim"], \
-        m["num_key_value_heads"] * m["head_dim"], m["intermediate_size"]
+    h, q, kv, inter = (
+        m["hidden_size"],
+        m["num_attention_heads"] * m["head_dim"],
+        m["num_key_value_heads"] * m["head_dim"],
+        m["intermediate_size"],
+    )
     layer = h * (q + 2 * kv) + q * h + 3 * h * inter + 2 * h + 2 * m["head_dim"]
     weights = (m["num_hidden_layers"] * layer + h + m["vocab_size"] * h) * plan.dtype.itemsize
     prompts, outs = plan.prompts[: plan.headline], plan.output_lens[: plan.headline]
@@ -318,8 +362,14 @@ def bandwidth_floor(plan: Plan, copy_gbps: float, kv_bytes_per_token: int) -> di
     kv_tokens = sum(len(p) * (o - 1) + o * (o - 1) // 2 for p, o in zip(prompts, outs))
     total = steps * weights + kv_tokens * kv_bytes_per_token
     seconds = total / (copy_gbps * 1e9)
-    return dict(weights=weights, kv=kv_tokens * kv_bytes_per_token, total=total,
-                seconds=seconds, tok_s=sum(outs) / seconds, copy_gbps=copy_gbps)
+    return dict(
+        weights=weights,
+        kv=kv_tokens * kv_bytes_per_token,
+        total=total,
+        seconds=seconds,
+        tok_s=sum(outs) / seconds,
+        copy_gbps=copy_gbps,
+    )
 
 
 def _size(num_bytes: float) -> str:
@@ -331,6 +381,7 @@ def _size(num_bytes: float) -> str:
 
 # ---- the report ----------------------------------------------------------------------------
 
+
 def report(plan: Plan, results: dict) -> None:
     section("result")
     rows = []
@@ -338,9 +389,13 @@ def report(plan: Plan, results: dict) -> None:
     kern = results.get("kernels")
     if kern:
         rows.append(("kernels vs torch twins (bf16)", "all within tolerance" if kern["all_ok"] else "SOME FAILED"))
-        rows.append(("decode attention 256x1024 / copy bandwidth",
-                     f"{kern['attention_fraction']:.0%} (target {ATTENTION_TARGET:.0%}: "
-                     f"{'PASS' if kern['attention_fraction'] >= ATTENTION_TARGET else 'FAIL'})"))
+        rows.append(
+            (
+                "decode attention 256x1024 / copy bandwidth",
+                f"{kern['attention_fraction']:.0%} (target {ATTENTION_TARGET:.0%}: "
+                f"{'PASS' if kern['attention_fraction'] >= ATTENTION_TARGET else 'FAIL'})",
+            )
+        )
     if e:
         rows.append(("engine startup (load, profile, graphs)", f"{e['startup_s']:.1f} s, {e['graphs']} decode graphs"))
         rows.append(("KV pool", f"{e['pool_tokens']:,} tokens = {e['num_blocks']:,} blocks, {e['pool_gib']:.1f} GiB"))
@@ -354,18 +409,27 @@ def report(plan: Plan, results: dict) -> None:
         busy = head["busy"]
         rows.append(("headline: GPU busy (forward+logits / wall)", "n/a" if busy is None else f"{busy:.0%}"))
     if floor:
-        rows.append(("bandwidth floor: bytes read by decode",
-                     f"{_size(floor['total'])} ({_size(floor['kv'])} K/V, weights {_size(floor['weights'])}/step)"))
-        rows.append(("bandwidth floor at copy bandwidth",
-                     f"{floor['seconds']:.2f} s = {floor['tok_s']:,.0f} tok/s at {floor['copy_gbps']:,.0f} GB/s"))
+        rows.append(
+            (
+                "bandwidth floor: bytes read by decode",
+                f"{_size(floor['total'])} ({_size(floor['kv'])} K/V, weights {_size(floor['weights'])}/step)",
+            )
+        )
+        rows.append(
+            (
+                "bandwidth floor at copy bandwidth",
+                f"{floor['seconds']:.2f} s = {floor['tok_s']:,.0f} tok/s at {floor['copy_gbps']:,.0f} GB/s",
+            )
+        )
         if head:
             rows.append(("headline vs floor", f"{floor['seconds'] / head['seconds']:.0%} of the bound"))
     n = plan.compare
     if sub:
         rows.append((f"ours on the first {n}", f"{sub['tok_s']:,.0f} tok/s ({sub['seconds']:.2f} s)"))
     if hf:
-        rows.append((f"transformers generate, static batch of {n}",
-                     f"{hf['tok_s']:,.0f} tok/s ({hf['seconds']:.2f} s)"))
+        rows.append(
+            (f"transformers generate, static batch of {n}", f"{hf['tok_s']:,.0f} tok/s ({hf['seconds']:.2f} s)")
+        )
     if sub and hf:
         rows.append((f"ours / transformers on the first {n}", f"{sub['tok_s'] / hf['tok_s']:.1f}x"))
     width = max(len(k) for k, _ in rows) if rows else 10
@@ -381,16 +445,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="64 headline requests, transformers on 16")
     parser.add_argument("--cpu-smoke", action="store_true", help="a tiny model on CPU (checks the script)")
-    parser.add_argument("--time-budget", type=float, default=480.0,
-                        help="seconds for the whole run; parts that would overrun are skipped")
-    parser.add_argument("--compare-requests", type=int, default=None,
-                        help="requests in the transformers comparison (default 64)")
+    parser.add_argument(
+        "--time-budget",
+        type=float,
+        default=480.0,
+        help="seconds for the whole run; parts that would overrun are skipped",
+    )
+    parser.add_argument(
+        "--compare-requests", type=int, default=None, help="requests in the transformers comparison (default 64)"
+    )
     args = parser.parse_args()
     plan = Plan(args)
     results: dict = {}
     prompt_tokens = sum(map(len, plan.prompts[: plan.headline]))
-    print(f"workload: {plan.headline} requests, {prompt_tokens:,} prompt tokens, "
-          f"{sum(plan.output_lens[: plan.headline]):,} output tokens; engine {plan.engine_kwargs}", flush=True)
+    print(
+        f"workload: {plan.headline} requests, {prompt_tokens:,} prompt tokens, "
+        f"{sum(plan.output_lens[: plan.headline]):,} output tokens; engine {plan.engine_kwargs}",
+        flush=True,
+    )
 
     section("1. kernels against their torch twins, decode-attention bandwidth")
     kern = guarded("kernels", results)(kernel_checks)
@@ -413,8 +485,9 @@ def main() -> None:
     elif plan.left() < (150 if plan.device == "cuda" and n >= 64 else 30):
         print(f"skipped: {plan.left():.0f}s left of the time budget")
     else:
-        guarded("transformers", results)(run_transformers, hf_model, plan.prompts[:n], plan.output_lens[:n],
-                                         plan.device)
+        guarded("transformers", results)(
+            run_transformers, hf_model, plan.prompts[:n], plan.output_lens[:n], plan.device
+        )
 
     section("4. bandwidth floor")
     engine = results.get("engine")

@@ -138,8 +138,16 @@ def _decode_bandwidth(tri, copy_gbps):
         out = torch.empty_like(batch["query"])
         ms = _time_ms(lambda batch=batch, out=out: tri.paged_attention(**batch, out=out, max_query_len=1))
         gbps = kv_bytes / ms / 1e6
-        rows.append(dict(case=label, kv_mib=kv_bytes / 2**20, ms=ms, gbps=gbps, copy_gbps=copy_gbps,
-                         fraction_of_copy=gbps / copy_gbps))
+        rows.append(
+            dict(
+                case=label,
+                kv_mib=kv_bytes / 2**20,
+                ms=ms,
+                gbps=gbps,
+                copy_gbps=copy_gbps,
+                fraction_of_copy=gbps / copy_gbps,
+            )
+        )
     return rows
 
 
@@ -163,8 +171,10 @@ def print_tables(checks, bandwidth) -> None:
     print()
     print(f"{'decode attention':<36} {'KV MiB':>8} {'ms':>8} {'GB/s':>8} {'copy GB/s':>10} {'of copy':>8}")
     for r in bandwidth:
-        print(f"{r['case']:<36} {r['kv_mib']:>8.0f} {r['ms']:>8.3f} {r['gbps']:>8.0f} {r['copy_gbps']:>10.0f}"
-              f" {r['fraction_of_copy']:>8.0%}")
+        print(
+            f"{r['case']:<36} {r['kv_mib']:>8.0f} {r['ms']:>8.3f} {r['gbps']:>8.0f} {r['copy_gbps']:>10.0f}"
+            f" {r['fraction_of_copy']:>8.0%}"
+        )
 
 
 def main() -> None:

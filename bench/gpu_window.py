@@ -42,8 +42,10 @@ def kernel_rows() -> list[tuple]:
     from pagedbatch_kernels import triton_ops
 
     gen, rows = torch.Generator().manual_seed(0), []
-    mixes = {"mixed": ([1, 1, 1, 200, 9, 1, 37, 3], [700, 15, 333, 0, 480, 16, 170, 64]),
-             "decode": ([1] * 16, [random.Random(i).randint(1, 2000) for i in range(16)])}
+    mixes = {
+        "mixed": ([1, 1, 1, 200, 9, 1, 37, 3], [700, 15, 333, 0, 480, 16, 170, 64]),
+        "decode": ([1] * 16, [random.Random(i).randint(1, 2000) for i in range(16)]),
+    }
     for head_dim, heads in [(64, (8, 2)), (128, (16, 4)), (256, (8, 4))]:
         for mix, (q_lens, ctx) in mixes.items():
             batch = _batch(q_lens, ctx, *heads, head_dim, 16, gen)
@@ -58,8 +60,14 @@ def kernel_rows() -> list[tuple]:
                         got = triton_ops.paged_attention(**gpu, window=window, softcap=cap, num_splits=splits, **hints)
                         err = ((got.double().cpu() - expected).abs().max() / expected.abs().max()).item()
                         ok = err < (1e-4 if dtype == torch.float32 else 3e-2)
-                        rows.append((f"attention d={head_dim} {mix}", f"w={window} cap={cap} {dtype} s={splits}",
-                                     f"{err:.2e}", ok))
+                        rows.append(
+                            (
+                                f"attention d={head_dim} {mix}",
+                                f"w={window} cap={cap} {dtype} s={splits}",
+                                f"{err:.2e}",
+                                ok,
+                            )
+                        )
     return rows
 
 
@@ -67,7 +75,7 @@ def engine_rows() -> list[tuple]:
     from transformers import AutoModelForCausalLM
 
     from engine import LLM, SamplingParams
-    from engine.tiny import write_tiny_model
+    from engine.testing.tiny import write_tiny_model
 
     rows, rng = [], random.Random(1)
     prompts = [[rng.randrange(512) for _ in range(n)] for n in (5, 17, 40, 130, 300, 64, 1, 222)]
@@ -79,15 +87,25 @@ def engine_rows() -> list[tuple]:
         for p in prompts:
             ids = torch.tensor([p], device="cuda")
             with torch.no_grad():
-                out = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, min_new_tokens=24,
-                                   do_sample=False)
-            expected.append(out[0, len(p):].tolist())
+                out = ref.generate(
+                    ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, min_new_tokens=24, do_sample=False
+                )
+            expected.append(out[0, len(p) :].tolist())
         llm = LLM(str(path), dtype="float32", device="cuda", max_num_batched_tokens=64)
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                            SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True), use_tqdm=False)
+        outs = llm.generate(
+            [{"prompt_token_ids": p} for p in prompts],
+            SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+            use_tqdm=False,
+        )
         same = sum(o.outputs[0].token_ids == e for o, e in zip(outs, expected))
-        rows.append((f"engine {arch} (cuda graphs)", "float32 greedy vs transformers eager",
-                     f"{same}/{len(prompts)} equal", same == len(prompts)))
+        rows.append(
+            (
+                f"engine {arch} (cuda graphs)",
+                "float32 greedy vs transformers eager",
+                f"{same}/{len(prompts)} equal",
+                same == len(prompts),
+            )
+        )
         del llm, ref
         torch.cuda.empty_cache()
     return rows
@@ -97,11 +115,12 @@ def main() -> None:
     print(f"device: {torch.cuda.get_device_name()}", flush=True)
     rows = []
     import sys
-    parts = (engine_rows,) if '--engine' in sys.argv else (kernel_rows, engine_rows)
+
+    parts = (engine_rows,) if "--engine" in sys.argv else (kernel_rows, engine_rows)
     for part in parts:
         try:
             rows += part()
-        except Exception as exc:  # noqa: BLE001 - report and go on to the next part
+        except Exception as exc:  # report and go on to the next part
             rows.append((part.__name__, "failed", repr(exc)[:200], False))
     print("| check | case | result | ok |")
     print("|---|---|---|---|")

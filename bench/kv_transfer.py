@@ -20,9 +20,9 @@ import time
 
 import torch
 
-from engine.kv_export import KVBundle, KVMeta
-from workers.kv_transport import InProcessTransport
-from workers.kv_zmq import ZmqTransport
+from engine.kv_transfer.export import KVBundle, KVMeta
+from workers.disagg.kv_transport import InProcessTransport
+from workers.disagg.kv_zmq import ZmqTransport
 
 
 def make_bundle(tokens: int, layers: int, kv_heads: int, head_dim: int, block_size: int = 16) -> KVBundle:
@@ -49,8 +49,9 @@ def timings(fns: list, repeat: int) -> list[tuple[float, float]]:
 def memcpy(bundle: KVBundle):
     """The bytes copied once into preallocated buffers, as raw bytes."""
     dst = [(torch.empty_like(k).view(torch.uint8), torch.empty_like(v).view(torch.uint8)) for k, v in bundle.layers]
-    return lambda: [(dk.copy_(k.view(torch.uint8)), dv.copy_(v.view(torch.uint8)))
-                    for (dk, dv), (k, v) in zip(dst, bundle.layers)]
+    return lambda: [
+        (dk.copy_(k.view(torch.uint8)), dv.copy_(v.view(torch.uint8))) for (dk, dv), (k, v) in zip(dst, bundle.layers)
+    ]
 
 
 def clone(bundle: KVBundle):
@@ -69,6 +70,7 @@ def through(sender, receiver, bundle: KVBundle):
         got, why = receiver.receive(rid, timeout=60)
         assert why is None and torch.equal(got.layers[-1][1], bundle.layers[-1][1]), why
         receiver.release(rid)
+
     return move
 
 
@@ -89,24 +91,31 @@ def main(argv=None) -> None:
     registry = {}
     a, b = InProcessTransport("a", registry), InProcessTransport("b", registry)
     za, zb = ZmqTransport(), ZmqTransport()
-    names = ["memory copy into preallocated buffers", "memory copy into new buffers (clone)",
-             "in-process transport (wire format + assembly)",
-             "ZeroMQ over loopback TCP"]
+    names = [
+        "memory copy into preallocated buffers",
+        "memory copy into new buffers (clone)",
+        "in-process transport (wire format + assembly)",
+        "ZeroMQ over loopback TCP",
+    ]
     try:
         times = timings([memcpy(bundle), clone(bundle), through(a, b, bundle), through(za, zb, bundle)], args.repeat)
     finally:
         za.close()
         zb.close()
     rows = list(zip(names, times))
-    print(f"bundle: {args.tokens} tokens x {args.layers} layers x {args.kv_heads} kv heads x {args.head_dim} "
-          f"(bf16) = {nbytes / 2**20:.1f} MiB; {args.repeat} interleaved rounds; "
-          f"torch threads {torch.get_num_threads()}")
+    print(
+        f"bundle: {args.tokens} tokens x {args.layers} layers x {args.kv_heads} kv heads x {args.head_dim} "
+        f"(bf16) = {nbytes / 2**20:.1f} MiB; {args.repeat} interleaved rounds; "
+        f"torch threads {torch.get_num_threads()}"
+    )
     print("| path | best s | median s | GB/s (best) | GB/s (median) | vs memory copy (median) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     base = rows[0][1][1]
     for name, (best, median) in rows:
-        print(f"| {name} | {best:.4f} | {median:.4f} | {nbytes / best / 1e9:.2f} | {nbytes / median / 1e9:.2f} "
-              f"| {base / median:.2f}x |")
+        print(
+            f"| {name} | {best:.4f} | {median:.4f} | {nbytes / best / 1e9:.2f} | {nbytes / median / 1e9:.2f} "
+            f"| {base / median:.2f}x |"
+        )
     if not args.skip_workload:
         print()
         from bench import pd_workload

@@ -190,15 +190,21 @@ def main() -> None:
             if args.model:
                 model_path = args.model
             else:
-                from engine.tiny import write_tiny_model
+                from engine.testing.tiny import write_tiny_model
 
                 model_path = str(write_tiny_model(tmp / "tiny", arch="qwen3"))
             stack = start_stack(
-                tmp, MODEL, model_path, port=args.port, concurrency=args.concurrency, api_workers=args.api_workers,
+                tmp,
+                MODEL,
+                model_path,
+                port=args.port,
+                concurrency=args.concurrency,
+                api_workers=args.api_workers,
                 shard_size=args.shard_size,
                 # unlimited: this measures the platform, not the per-tenant limits
-                max_active_jobs_per_tenant=0, max_queued_requests_per_tenant=0,
-            )  # fmt: skip
+                max_active_jobs_per_tenant=0,
+                max_queued_requests_per_tenant=0,
+            )
             url, settings, stop = stack.url, stack.settings, stack.stop
         tenants = [f"load-{secrets.token_hex(3)}-{i:03d}" for i in range(args.tenants)]
         keys = make_keys(settings, tenants)
@@ -245,8 +251,10 @@ def main() -> None:
     unexpected = len(set(seen) - expected)
     jobs_total = sum(len(jobs) for _, jobs in submitted.values())
 
-    print(f"{args.tenants} tenants, {args.duration:.0f} s of load ({load_s:.1f} s measured), then {drain_s:.1f} s "
-          f"until every job finished; {jobs_total} jobs x {args.requests_per_job} requests")  # fmt: skip
+    print(
+        f"{args.tenants} tenants, {args.duration:.0f} s of load ({load_s:.1f} s measured), then {drain_s:.1f} s "
+        f"until every job finished; {jobs_total} jobs x {args.requests_per_job} requests"
+    )
     columns = ("requests", 9), ("req/s", 8), ("p50 ms", 8), ("p99 ms", 8), ("2xx", 7), ("4xx", 5), ("5xx", 5)
     header = f"{'operation':<20} " + " ".join(f"{name:>{width}}" for name, width in columns) + f" {'conn err':>8}"
     print(header)
@@ -257,13 +265,17 @@ def main() -> None:
         ok = sum(n for c, n in codes.items() if 200 <= c < 300)
         c4 = sum(n for c, n in codes.items() if 400 <= c < 500)
         c5 = sum(n for c, n in codes.items() if c >= 500)
-        print(f"{op:<20} {len(lat):>9} {rate:>8.1f} {percentile(lat, 0.5) * 1000:>8.1f} "
-              f"{percentile(lat, 0.99) * 1000:>8.1f} {ok:>7} {c4:>5} {c5:>5} {stats.failures[op]:>8}")  # fmt: skip
+        print(
+            f"{op:<20} {len(lat):>9} {rate:>8.1f} {percentile(lat, 0.5) * 1000:>8.1f} "
+            f"{percentile(lat, 0.99) * 1000:>8.1f} {ok:>7} {c4:>5} {c5:>5} {stats.failures[op]:>8}"
+        )
     total = sum(load_counts.values())
     print(f"{'all (load window)':<20} {total:>9} {total / load_s:>8.1f}")
     print(f"jobs: {dict(outcomes)}")
-    print(f"requests submitted {len(expected)}, returned {sum(seen.values())}: lost {lost}, duplicated {duplicated}, "
-          f"unexpected {unexpected}   (targets: 0 5xx, 0 lost, 0 duplicated)")  # fmt: skip
+    print(
+        f"requests submitted {len(expected)}, returned {sum(seen.values())}: lost {lost}, duplicated {duplicated}, "
+        f"unexpected {unexpected}   (targets: 0 5xx, 0 lost, 0 duplicated)"
+    )
 
 
 if __name__ == "__main__":

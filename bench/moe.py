@@ -26,17 +26,27 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-BASE = dict(vocab_size=6000, hidden_size=384, num_hidden_layers=6, num_attention_heads=6, num_key_value_heads=2,
-            head_dim=64, max_position_embeddings=4096)
-MOE = dict(num_experts=16, num_experts_per_tok=4, moe_intermediate_size=256, intermediate_size=1024,
-           norm_topk_prob=True)
+BASE = dict(
+    vocab_size=6000,
+    hidden_size=384,
+    num_hidden_layers=6,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    head_dim=64,
+    max_position_embeddings=4096,
+)
+MOE = dict(
+    num_experts=16, num_experts_per_tok=4, moe_intermediate_size=256, intermediate_size=1024, norm_topk_prob=True
+)
 DENSE = dict(intermediate_size=MOE["num_experts_per_tok"] * MOE["moe_intermediate_size"])
 
 
 def workload(count: int, seed: int = 0) -> list[tuple[list[int], int]]:
     rng = random.Random(seed)
-    return [([rng.randrange(10, BASE["vocab_size"]) for _ in range(rng.randint(8, 256))], rng.randint(8, 128))
-            for _ in range(count)]
+    return [
+        ([rng.randrange(10, BASE["vocab_size"]) for _ in range(rng.randint(8, 256))], rng.randint(8, 128))
+        for _ in range(count)
+    ]
 
 
 def run_child(engine: str, model: str, dtype: str, count: str) -> dict:
@@ -65,13 +75,18 @@ def run_child(engine: str, model: str, dtype: str, count: str) -> dict:
 
 def spawn(python: str, engine: str, model: str, dtype: str, count: int) -> dict:
     out = tempfile.mktemp(suffix=".json")
-    env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "0-1"),
-               VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"))
+    env = dict(
+        os.environ,
+        VLLM_CPU_OMP_THREADS_BIND=os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "0-1"),
+        VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
+    )
     if engine == "vllm":
         env.pop("PYTHONPATH", None)  # vLLM's venv must not see our packages
-        code = ("import sys, json, importlib.util as u; s = u.spec_from_file_location('moe_bench', sys.argv[1]); "
-                "m = u.module_from_spec(s); s.loader.exec_module(m); "
-                "json.dump(m.run_child(*sys.argv[2:6]), open(sys.argv[6], 'w'))")
+        code = (
+            "import sys, json, importlib.util as u; s = u.spec_from_file_location('moe_bench', sys.argv[1]); "
+            "m = u.module_from_spec(s); s.loader.exec_module(m); "
+            "json.dump(m.run_child(*sys.argv[2:6]), open(sys.argv[6], 'w'))"
+        )
         argv = [python, "-c", code, __file__, engine, model, dtype, str(count), out]
     else:
         argv = [sys.executable, "-m", "bench.moe", "--child", "ours", model, dtype, str(count), out]
@@ -98,7 +113,7 @@ def main() -> None:
     parser.add_argument("--dense", action="store_true", help="also our engine on a dense model of the same active size")
     args = parser.parse_args()
     from bench.vs_vllm import vllm_python
-    from engine.tiny import write_tiny_model
+    from engine.testing.tiny import write_tiny_model
 
     root = tempfile.mkdtemp()
     moe = str(write_tiny_model(root + "/bench-qwen3-moe", "qwen3_moe", **BASE, **MOE))
@@ -109,7 +124,7 @@ def main() -> None:
         best: dict[str, dict] = {}
         runs = [("ours", moe), ("vllm", moe)] + ([("dense", dense)] if dense else [])
         for r in range(args.rounds):
-            for engine, model in (runs if r % 2 == 0 else runs[::-1]):
+            for engine, model in runs if r % 2 == 0 else runs[::-1]:
                 result = spawn(python, "vllm" if engine == "vllm" else "ours", model, dtype, args.requests)
                 if engine not in best or result["elapsed"] < best[engine]["elapsed"]:
                     best[engine] = result
@@ -117,16 +132,24 @@ def main() -> None:
         agree = sum(a == b for a, b in zip(best["ours"]["token_ids"], best["vllm"]["token_ids"])) / args.requests
         rows.append((dtype, tps, agree))
         print(f"  {dtype}: " + ", ".join(f"{e} {v:,.0f} tok/s" for e, v in tps.items()), flush=True)
-    cpu = next((line.split(":", 1)[1].strip() for line in subprocess.run(
-        ["lscpu"], capture_output=True, text=True).stdout.splitlines() if line.startswith("Model name")), "?")
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
+            if line.startswith("Model name")
+        ),
+        "?",
+    )
     print(f"\nCPU: {cpu}; {args.requests} requests, best of {args.rounds}\n")
     dense_cols = " dense Qwen3 (same active) tok/s | MoE / dense |" if dense else ""
     print("| dtype | pagedbatch MoE tok/s | vLLM-cpu MoE tok/s | pagedbatch / vLLM | greedy agree |" + dense_cols)
     print("|---|---:|---:|---:|---:|" + ("---:|---:|" if dense else ""))
     for dtype, tps, agree in rows:
         extra = f" {tps['dense']:,.0f} | {tps['ours'] / tps['dense']:.2f}x |" if dense else ""
-        print(f"| {dtype} | {tps['ours']:,.0f} | {tps['vllm']:,.0f} | {tps['ours'] / tps['vllm']:.2f}x | {agree:.0%} |"
-              + extra)
+        print(
+            f"| {dtype} | {tps['ours']:,.0f} | {tps['vllm']:,.0f} | {tps['ours'] / tps['vllm']:.2f}x | {agree:.0%} |"
+            + extra
+        )
 
 
 if __name__ == "__main__":

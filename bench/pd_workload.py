@@ -27,10 +27,11 @@ MODEL = "bench-pd"
 
 def _host(path: str):
     from engine import LLMEngine
-    from workers.engine_host import EngineHost
+    from workers.host.engine_host import EngineHost
 
-    return EngineHost(lambda: LLMEngine(path, dtype="float32", device="cpu", max_num_seqs=32,
-                                        max_num_batched_tokens=1024))
+    return EngineHost(
+        lambda: LLMEngine(path, dtype="float32", device="cpu", max_num_seqs=32, max_num_batched_tokens=1024)
+    )
 
 
 def _serve(role: str, path: str, redis_url: str, conn) -> None:
@@ -38,13 +39,13 @@ def _serve(role: str, path: str, redis_url: str, conn) -> None:
 
     torch.set_num_threads(1)
     from engine import SamplingParams
-    from workers.kv_zmq import ZmqTransport
-    from workers.prefill_registry import Heartbeat, PrefillRegistry
+    from workers.disagg.kv_zmq import ZmqTransport
+    from workers.disagg.prefill_registry import Heartbeat, PrefillRegistry
 
     host = _host(path)
     registry = PrefillRegistry.from_url(redis_url, MODEL)
     if role == "prefill":
-        from workers.prefill_service import PrefillServer
+        from workers.disagg.prefill_service import PrefillServer
 
         transport = ZmqTransport()
         server = PrefillServer(host, transport)
@@ -57,21 +58,28 @@ def _serve(role: str, path: str, redis_url: str, conn) -> None:
         host.close()
         return
     if role == "decode":
-        from workers.remote_prefill import RemotePrefill
+        from workers.disagg.remote_prefill import RemotePrefill
 
         host.remote_prefill = RemotePrefill(host.engine, registry, ZmqTransport(), max_in_flight=8)
     conn.send("ready")
     requests = conn.recv()
     start = time.time()
-    futures = host.submit_many([(rid, {"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=n,
-                                                                                  ignore_eos=True))
-                                for rid, ids, n in requests])
+    futures = host.submit_many(
+        [
+            (rid, {"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+            for rid, ids, n in requests
+        ]
+    )
     results = {}
     for (rid, _, n), f in zip(requests, futures):
         out = f.result()
         m = out.metrics
-        results[rid] = (out.outputs[0].token_ids, m["first_token_time"] - start,
-                        (m["finished_time"] - m["first_token_time"]) / max(1, n - 1), m["finished_time"] - start)
+        results[rid] = (
+            out.outputs[0].token_ids,
+            m["first_token_time"] - start,
+            (m["finished_time"] - m["first_token_time"]) / max(1, n - 1),
+            m["finished_time"] - start,
+        )
     conn.send(results)
     host.close()
 
@@ -106,8 +114,9 @@ def _summary(name: str, results: dict) -> str:
     tpot = [r[2] for r in results.values()]
     makespan = max(r[3] for r in results.values())
     p90 = ttft[int(0.9 * (len(ttft) - 1))]
-    return (f"| {name} | {makespan:.2f} | {statistics.mean(ttft):.2f} | {p90:.2f} | "
-            f"{1000 * statistics.mean(tpot):.1f} |"), makespan
+    return (
+        f"| {name} | {makespan:.2f} | {statistics.mean(ttft):.2f} | {p90:.2f} | {1000 * statistics.mean(tpot):.1f} |"
+    ), makespan
 
 
 def main(argv=None) -> None:
@@ -117,24 +126,29 @@ def main(argv=None) -> None:
     ap.add_argument("--output", type=int, default=16)
     args = ap.parse_args(argv)
     from bench.engine_cpu import BENCH_CONFIG
-    from engine.tiny import write_tiny_model
+    from engine.testing.tiny import write_tiny_model
     from pagedbatch.embedded import LOCAL_REDIS, servers_or_embedded
 
     rng = random.Random(0)
-    requests = [(f"r{i}", [rng.randrange(BENCH_CONFIG["vocab_size"]) for _ in range(args.prompt)], args.output)
-                for i in range(args.requests)]
+    requests = [
+        (f"r{i}", [rng.randrange(BENCH_CONFIG["vocab_size"]) for _ in range(args.prompt)], args.output)
+        for i in range(args.requests)
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         path = str(write_tiny_model(os.path.join(tmp, "model"), "qwen3", **BENCH_CONFIG))
-        _, redis_url, stops = servers_or_embedded(tmp, redis_url=os.environ.get("PAGEDBATCH_BENCH_REDIS_URL",
-                                                                                 LOCAL_REDIS))
+        _, redis_url, stops = servers_or_embedded(
+            tmp, redis_url=os.environ.get("PAGEDBATCH_BENCH_REDIS_URL", LOCAL_REDIS)
+        )
         try:
             both = _run(["both", "both"], path, redis_url, requests)
             split = _run(["prefill", "decode"], path, redis_url, requests)
         finally:
             for stop in stops:
                 stop()
-    print(f"{args.requests} requests, prompt {args.prompt} tokens, output {args.output} tokens (greedy); "
-          f"two processes of one torch thread each; cores on this machine: {os.cpu_count()}")
+    print(
+        f"{args.requests} requests, prompt {args.prompt} tokens, output {args.output} tokens (greedy); "
+        f"two processes of one torch thread each; cores on this machine: {os.cpu_count()}"
+    )
     print("| configuration | makespan s | TTFT mean s | TTFT p90 s | TPOT mean ms |")
     print("| --- | ---: | ---: | ---: | ---: |")
     row_both, t_both = _summary("2x both", both)

@@ -117,7 +117,7 @@ def main() -> None:
     if args.model:
         model_path = args.model
     else:
-        from engine.tiny import write_tiny_model
+        from engine.testing.tiny import write_tiny_model
 
         model_path = str(write_tiny_model(tmp / "tiny", arch="qwen3"))
 
@@ -129,9 +129,15 @@ def main() -> None:
     load_s = time.perf_counter() - t
 
     stack = start_stack(
-        tmp, "bench", model_path, port=args.port, concurrency=args.concurrency, api_workers=args.api_workers,
-        shard_size=args.shard_size, max_lines=max(args.validate_lines, args.requests),
-    )  # fmt: skip
+        tmp,
+        "bench",
+        model_path,
+        port=args.port,
+        concurrency=args.concurrency,
+        api_workers=args.api_workers,
+        shard_size=args.shard_size,
+        max_lines=max(args.validate_lines, args.requests),
+    )
     base = stack.url
     rounds: list[tuple[float, float, float, float]] = []  # offline s, platform s, submit s, finalize s
     try:
@@ -162,8 +168,12 @@ def main() -> None:
             assert job["status"] == "completed" and job["request_counts"]["completed"] == args.requests, job
             finalize_s = job["completed_at"] - job["finalizing_at"]  # whole seconds
             rounds.append((offline_s, platform_s, submit_s, finalize_s))
-            print(f"round {round_ + 1}: offline {offline_s:.2f} s, platform {platform_s:.2f} s, "
-                  f"ratio {platform_s / offline_s:.3f}", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"round {round_ + 1}: offline {offline_s:.2f} s, platform {platform_s:.2f} s, "
+                f"ratio {platform_s / offline_s:.3f}",
+                file=sys.stderr,
+                flush=True,
+            )
 
         # ---- accept and validate a large file ----
         big = make_requests(args.validate_lines, 4)
@@ -191,14 +201,17 @@ def main() -> None:
         ("  model load, paid by each pagedbatch run", f"{load_s:.2f} s", "not in the ratio"),
         ("platform: API + Redis + 1 worker, median", f"{platform_med:.2f} s", ""),
         ("  of which: upload + validate + enqueue", f"{statistics.median(r[2] for r in rounds):.2f} s", ""),
-        ("  of which: finalize (merge, output files)", f"~{statistics.median(r[3] for r in rounds):.0f} s",
-         "whole seconds"),
+        (
+            "  of which: finalize (merge, output files)",
+            f"~{statistics.median(r[3] for r in rounds):.0f} s",
+            "whole seconds",
+        ),
         ("overhead ratio, median of the rounds", f"{ratio:.3f}", "target <= 1.15"),
         ("  per round", per_round, ""),
         (f"accept + validate {args.validate_lines:,} lines", f"{validate_s:.2f} s", "target < 5 s"),
         (f"GET /v1/jobs/<id>, {args.pollers} pollers: p50", f"{p50 * 1000:.1f} ms", ""),
         (f"GET /v1/jobs/<id>, {args.pollers} pollers: p99", f"{p99 * 1000:.1f} ms", ""),
-    ]  # fmt: skip
+    ]
     width = max(len(r[0]) for r in rows)
     print(f"{'metric':<{width}}  {'value':>24}  note")
     for name, value, note in rows:

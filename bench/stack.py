@@ -52,10 +52,20 @@ class Stack:
 
 
 def start_stack(
-    tmp: Path, model: str, model_path: str, *, port: int, concurrency: int, api_workers: int, **settings
+    tmp: Path,
+    model: str,
+    model_path: str,
+    *,
+    port: int,
+    concurrency: int,
+    api_workers: int,
+    workers: int = 1,
+    worker_args: tuple[str, ...] = (),
+    **settings,
 ) -> Stack:
-    """Start the stack serving `model_path` as `model`; `settings` override Settings fields
-    (shard_size, max_lines, ...). Database, Redis keys and queues are this run's own."""
+    """Start the stack serving `model_path` as `model` with `workers` worker processes (`worker_args`: more of
+    their flags); `settings` override Settings fields (shard_size, max_lines, ...). Database, Redis keys and
+    queues are this run's own."""
     from migrations import upgrade
     from pagedbatch.embedded import create_database, drop_database, servers_or_embedded
     from store.settings import Settings
@@ -77,19 +87,42 @@ def start_stack(
     )
     upgrade(cfg.database_url)
     env = {**os.environ, **cfg.to_env()}
-    worker_log = tmp / "worker.log"
     procs = [
         spawn(
-            [sys.executable, "-m", "pagedbatch", "worker", "--model", f"{model}={model_path}",
-             f"--concurrency={concurrency}", "--loglevel=info"],
-            env=env, cwd=REPO, log=worker_log,
-        ),
+            [
+                sys.executable,
+                "-m",
+                "pagedbatch",
+                "worker",
+                "--model",
+                f"{model}={model_path}",
+                f"--concurrency={concurrency}",
+                "--loglevel=info",
+                *worker_args,
+            ],
+            env=env,
+            cwd=REPO,
+            log=tmp / ("worker.log" if n == 0 else f"worker-{n}.log"),
+        )
+        for n in range(workers)
+    ] + [
         spawn(
-            [sys.executable, "-m", "pagedbatch", "api", "--host", "127.0.0.1", f"--port={port}",
-             f"--workers={api_workers}", "--threads=16"],
-            env=env, cwd=REPO, log=tmp / "api.log",
+            [
+                sys.executable,
+                "-m",
+                "pagedbatch",
+                "api",
+                "--host",
+                "127.0.0.1",
+                f"--port={port}",
+                f"--workers={api_workers}",
+                "--threads=16",
+            ],
+            env=env,
+            cwd=REPO,
+            log=tmp / "api.log",
         ),
-    ]  # fmt: skip
+    ]
 
     def stop() -> None:
         stop_processes(procs)
@@ -101,17 +134,19 @@ def start_stack(
         for fn in reversed(stops):
             try:
                 fn()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 print(f"(cleanup: {exc})", file=sys.stderr)
 
     try:
         url = f"http://127.0.0.1:{port}"
         wait_until_ready(url)
         deadline = time.monotonic() + 180
-        while b" ready." not in worker_log.read_bytes():
-            if time.monotonic() > deadline or procs[0].poll() is not None:
-                raise RuntimeError("worker did not come up:\n" + worker_log.read_text()[-3000:])
-            time.sleep(0.2)
+        for n in range(workers):
+            worker_log = tmp / ("worker.log" if n == 0 else f"worker-{n}.log")
+            while not worker_log.exists() or b" ready." not in worker_log.read_bytes():
+                if time.monotonic() > deadline or procs[n].poll() is not None:
+                    raise RuntimeError("worker did not come up:\n" + worker_log.read_text()[-3000:])
+                time.sleep(0.2)
     except BaseException:
         stop()
         raise

@@ -31,17 +31,31 @@ from bench.engine_cpu import BENCH_CONFIG
 def schemas() -> list[dict]:
     out = []
     for i in range(8):
-        out.append({"type": "object", "properties": {
-            "id": {"type": "integer", "minimum": 0, "maximum": 10 ** (3 + i % 4)},
-            "name": {"type": "string", "maxLength": 8 + 4 * i},
-            "status": {"enum": ["open", "closed", "pending", f"state{i}"]},
-            "scores": {"type": "array", "items": {"type": "number", "minimum": 0, "maximum": 100},
-                       "minItems": 1, "maxItems": 4 + i},
-            "owner": {"type": "object", "properties": {"login": {"type": "string", "maxLength": 12},
-                                                       "admin": {"type": "boolean"}},
-                      "required": ["login", "admin"], "additionalProperties": False},
-            "labels": {"type": "array", "items": {"enum": ["bug", "docs", "perf", "ui"]}, "maxItems": 3},
-        }, "required": ["id", "name", "status", "scores", "owner"], "additionalProperties": False})
+        out.append(
+            {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "integer", "minimum": 0, "maximum": 10 ** (3 + i % 4)},
+                    "name": {"type": "string", "maxLength": 8 + 4 * i},
+                    "status": {"enum": ["open", "closed", "pending", f"state{i}"]},
+                    "scores": {
+                        "type": "array",
+                        "items": {"type": "number", "minimum": 0, "maximum": 100},
+                        "minItems": 1,
+                        "maxItems": 4 + i,
+                    },
+                    "owner": {
+                        "type": "object",
+                        "properties": {"login": {"type": "string", "maxLength": 12}, "admin": {"type": "boolean"}},
+                        "required": ["login", "admin"],
+                        "additionalProperties": False,
+                    },
+                    "labels": {"type": "array", "items": {"enum": ["bug", "docs", "perf", "ui"]}, "maxItems": 3},
+                },
+                "required": ["id", "name", "status", "scores", "owner"],
+                "additionalProperties": False,
+            }
+        )
     return out
 
 
@@ -58,9 +72,9 @@ def largest_instance(schema: dict):
     if kind == "string":
         return "Q" * schema.get("maxLength", 16)  # "Q" never merges with itself in the tiny vocabularies
     if kind == "integer":
-        return -abs(schema.get("maximum", 10 ** 9))
+        return -abs(schema.get("maximum", 10**9))
     if kind == "number":
-        return -abs(schema.get("maximum", 10 ** 6)) - 0.123456  # a few decimals past the integer part
+        return -abs(schema.get("maximum", 10**6)) - 0.123456  # a few decimals past the integer part
     return False
 
 
@@ -78,16 +92,26 @@ def finish_table(models: dict[str, str], requests: int) -> None:
         llm = LLM(path, dtype="float32", device="cpu", seed=0, attention_backend="torch")
         tokenizer = llm.get_tokenizer()
         all_schemas = schemas()
-        budgets = [len(tokenizer.encode(json.dumps(largest_instance(s), separators=(",", ":")),
-                                        add_special_tokens=False)) for s in all_schemas]
+        budgets = [
+            len(tokenizer.encode(json.dumps(largest_instance(s), separators=(",", ":")), add_special_tokens=False))
+            for s in all_schemas
+        ]
         rng = random.Random(1)
-        prompts = [{"prompt_token_ids": [rng.randrange(100, 400) for _ in range(rng.randint(8, 64))]}
-                   for _ in range(requests)]
+        prompts = [
+            {"prompt_token_ids": [rng.randrange(100, 400) for _ in range(rng.randint(8, 64))]} for _ in range(requests)
+        ]
         for label, whitespace in (("compact (default)", None), ("any (vLLM's default)", False)):
-            params = [SamplingParams(temperature=1.0, seed=i, max_tokens=budgets[i % len(all_schemas)],
-                                     structured_outputs=StructuredOutputsParams(
-                                         json=all_schemas[i % len(all_schemas)], disable_any_whitespace=whitespace))
-                      for i in range(requests)]
+            params = [
+                SamplingParams(
+                    temperature=1.0,
+                    seed=i,
+                    max_tokens=budgets[i % len(all_schemas)],
+                    structured_outputs=StructuredOutputsParams(
+                        json=all_schemas[i % len(all_schemas)], disable_any_whitespace=whitespace
+                    ),
+                )
+                for i in range(requests)
+            ]
             outs = llm.generate(prompts, params, use_tqdm=False)
             finished = valid = 0
             for i, out in enumerate(outs):
@@ -99,8 +123,11 @@ def finish_table(models: dict[str, str], requests: int) -> None:
                         valid += 1
                     except (ValueError, jsonschema.ValidationError):
                         pass
-            print(f"| {name} | {label} | {finished}/{requests} ({100 * finished / requests:.0f}%) | "
-                  f"{valid}/{finished} | {min(budgets)}-{max(budgets)} |", flush=True)
+            print(
+                f"| {name} | {label} | {finished}/{requests} ({100 * finished / requests:.0f}%) | "
+                f"{valid}/{finished} | {min(budgets)}-{max(budgets)} |",
+                flush=True,
+            )
 
 
 def main() -> None:
@@ -109,11 +136,14 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--finish-only", action="store_true",
-                        help="only the table of outputs finishing within the compact budget (the tiny models)")
+    parser.add_argument(
+        "--finish-only",
+        action="store_true",
+        help="only the table of outputs finishing within the compact budget (the tiny models)",
+    )
     args = parser.parse_args()
 
-    from engine.tiny import ARCHITECTURES, write_tiny_model
+    from engine.testing.tiny import ARCHITECTURES, write_tiny_model
 
     root = tempfile.mkdtemp()
     models = {f"tiny {arch}": str(write_tiny_model(f"{root}/{arch}", arch)) for arch in ARCHITECTURES}
@@ -122,9 +152,10 @@ def main() -> None:
     if args.finish_only:
         return
 
-    import engine.llm_engine
-    import engine.sampler
+    import engine.core.llm_engine
+    import engine.sampling.sampler
     from engine import LLM, SamplingParams, StructuredOutputsParams
+
     grammar_s = [0.0]
 
     def timed(fn):
@@ -134,6 +165,7 @@ def main() -> None:
                 return fn(*args)
             finally:
                 grammar_s[0] += time.perf_counter() - start
+
         return wrapper
 
     engine.sampler.apply_grammar_bitmask = timed(engine.sampler.apply_grammar_bitmask)
@@ -141,18 +173,23 @@ def main() -> None:
 
     llm = LLM(models["bench qwen3 (~25M)"], dtype="float32", device=args.device, seed=0)
     rng = random.Random(0)
-    prompts = [{"prompt_token_ids": [rng.randrange(BENCH_CONFIG["vocab_size"]) for _ in range(rng.randint(16, 128))]}
-               for _ in range(args.requests)]
+    prompts = [
+        {"prompt_token_ids": [rng.randrange(BENCH_CONFIG["vocab_size"]) for _ in range(rng.randint(16, 128))]}
+        for _ in range(args.requests)
+    ]
     # compact JSON (the default): a random model otherwise spends its tokens on free whitespace
     specs = [StructuredOutputsParams(json=s) for s in schemas()]
 
     start = time.perf_counter()  # cold: every grammar compiled once (the cache keeps them)
-    llm.generate(prompts[: len(specs)], [SamplingParams(max_tokens=1, structured_outputs=s) for s in specs],
-                 use_tqdm=False)
+    llm.generate(
+        prompts[: len(specs)], [SamplingParams(max_tokens=1, structured_outputs=s) for s in specs], use_tqdm=False
+    )
     compile_s = time.perf_counter() - start
 
-    constrained = [SamplingParams(temperature=1.0, seed=i, max_tokens=args.max_tokens,
-                                  structured_outputs=specs[i % len(specs)]) for i in range(args.requests)]
+    constrained = [
+        SamplingParams(temperature=1.0, seed=i, max_tokens=args.max_tokens, structured_outputs=specs[i % len(specs)])
+        for i in range(args.requests)
+    ]
     outs = llm.generate(prompts, constrained, use_tqdm=False)
     lengths = [len(o.outputs[0].token_ids) for o in outs]  # seeded: the same in every round
     valid = sum(_parses(o.outputs[0].text) for o in outs)
@@ -173,16 +210,20 @@ def main() -> None:
     structured_s, free_s = best["structured"], best["free"]
 
     tokens = sum(lengths)
-    print(f"{args.requests} requests, {tokens} output tokens each run, device {args.device}, "
-          f"fastest of {args.rounds} alternating rounds; "
-          f"{valid}/{args.requests} constrained outputs parse as JSON (the rest hit max_tokens)")
+    print(
+        f"{args.requests} requests, {tokens} output tokens each run, device {args.device}, "
+        f"fastest of {args.rounds} alternating rounds; "
+        f"{valid}/{args.requests} constrained outputs parse as JSON (the rest hit max_tokens)"
+    )
     print(f"grammar compile, cold (8 schemas): {compile_s:.2f} s")
     print("| run | seconds | output tok/s |")
     print("| --- | --- | --- |")
     print(f"| unconstrained | {free_s:.2f} | {tokens / free_s:.0f} |")
     print(f"| structured (json schema) | {structured_s:.2f} | {tokens / structured_s:.0f} |")
-    print(f"ratio structured/unconstrained: {free_s / structured_s:.2f}x (target >= 0.8x); grammar work "
-          f"(masks, matcher updates) {100 * grammar_share:.1f}% of the structured run")
+    print(
+        f"ratio structured/unconstrained: {free_s / structured_s:.2f}x (target >= 0.8x); grammar work "
+        f"(masks, matcher updates) {100 * grammar_share:.1f}% of the structured run"
+    )
 
 
 def _parses(text: str) -> bool:

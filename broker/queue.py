@@ -5,13 +5,13 @@ The API never imports `workers`; it sends `RUN_SHARD` by name to the model's que
 
 from __future__ import annotations
 
-import os
 import threading
 
 from celery import Celery
 from kombu import Connection
 from kombu.exceptions import ChannelError
 
+from settings import PlatformSettings, current
 from store.settings import Settings
 
 RUN_SHARD = "pagedbatch.run_shard"
@@ -24,7 +24,7 @@ _apps: dict[tuple[str, str], Celery] = {}
 
 
 def celery_config(settings: Settings) -> dict:
-    visibility = float(os.environ.get("PAGEDBATCH_VISIBILITY_TIMEOUT_S") or VISIBILITY_TIMEOUT_S)
+    visibility = current(PlatformSettings).visibility_timeout_s
     transport_options: dict = {"visibility_timeout": visibility}
     if visibility < 600:  # a short timeout: look for timed-out messages often (kombu: every 100s)
         transport_options.update(unacked_restore_interval=max(1, int(visibility)), unacked_restore_throttle=1)

@@ -5,26 +5,42 @@ prefix caching. Runs standalone: `from engine import LLM, SamplingParams`.
 `SamplingParams` and the tokenizer helpers without loading torch.
 """
 
-from engine.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
-from engine.outputs import CompletionOutput, Logprob, RequestOutput
-from engine.pooling_outputs import EmbeddingOutput, EmbeddingRequestOutput, PoolingOutput, PoolingRequestOutput
-from engine.pooling_params import PoolingParams
-from engine.sampling_params import RequestOutputKind, SamplingParams
-from engine.structured_params import StructuredOutputsParams
+from engine.beam.search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
+from engine.lora.request import LoRARequest
+from engine.params.outputs import CompletionOutput, Logprob, RequestOutput
+from engine.params.pooling_outputs import EmbeddingOutput, EmbeddingRequestOutput, PoolingOutput, PoolingRequestOutput
+from engine.params.pooling_params import PoolingParams
+from engine.params.sampling_params import RequestOutputKind, SamplingParams
+from engine.params.structured_params import StructuredOutputsParams
 
-__all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "RequestOutputKind",
-           "StructuredOutputsParams",
-           "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence", "PoolingParams", "PoolingOutput",
-           "PoolingRequestOutput", "EmbeddingOutput", "EmbeddingRequestOutput"]
+__all__ = [
+    "LLM",
+    "LLMEngine",
+    "SamplingParams",
+    "RequestOutput",
+    "CompletionOutput",
+    "Logprob",
+    "RequestOutputKind",
+    "StructuredOutputsParams",
+    "BeamSearchParams",
+    "BeamSearchOutput",
+    "BeamSearchSequence",
+    "PoolingParams",
+    "PoolingOutput",
+    "PoolingRequestOutput",
+    "EmbeddingOutput",
+    "EmbeddingRequestOutput",
+    "LoRARequest",
+]
 
 
 def __getattr__(name: str):
     if name == "LLM":
-        from engine.llm import LLM
+        from engine.entrypoints.llm import LLM
 
         return LLM
     if name == "LLMEngine":
-        from engine.llm_engine import LLMEngine
+        from engine.core.llm_engine import LLMEngine
 
         return LLMEngine
     raise AttributeError(f"module 'engine' has no attribute {name!r}")

@@ -11,7 +11,7 @@ import tempfile
 import time
 
 from engine import LLM, SamplingParams
-from engine.tiny import write_tiny_model
+from engine.testing.tiny import write_tiny_model
 
 
 def main() -> None:
@@ -28,8 +28,10 @@ def main() -> None:
     elapsed = time.perf_counter() - start
     for out in outs[:3]:
         c = out.outputs[0]
-        print(f"[{out.request_id}] {len(out.prompt_token_ids)} prompt tokens -> {len(c.token_ids)} tokens, "
-              f"finish={c.finish_reason}: {c.text!r}")
+        print(
+            f"[{out.request_id}] {len(out.prompt_token_ids)} prompt tokens -> {len(c.token_ids)} tokens, "
+            f"finish={c.finish_reason}: {c.text!r}"
+        )
     chat = llm.chat([{"role": "user", "content": "Say hi"}], SamplingParams(temperature=0.8, seed=1, max_tokens=16))
     print("chat:", repr(chat[0].outputs[0].text))
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 from alembic import context
 from sqlalchemy import Connection, create_engine
 
+from settings import PlatformSettings, current
 from store.db import normalize_url
 from store.models import Base
 
@@ -15,7 +14,7 @@ target_metadata = Base.metadata
 
 
 def _url() -> str:
-    url = config.get_main_option("sqlalchemy.url") or os.environ.get("PAGEDBATCH_DATABASE_URL", "")
+    url = config.get_main_option("sqlalchemy.url") or current(PlatformSettings).database_url
     if not url:
         raise RuntimeError("no database URL; set PAGEDBATCH_DATABASE_URL")
     return normalize_url(url)

@@ -67,4 +67,3 @@ def model_directory(path: str, flag: str = "--model") -> Path:
     if not (folder / "config.json").is_file():
         raise usage_error(f"{flag}: {path} has no config.json; is it a Hugging Face model directory?")
     return folder
-

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import argparse
 
-from pagedbatch import admin_commands, client_commands, doctor_command, engine_commands, server_commands
-from pagedbatch.failures import EXIT_STATUS_HELP, EXIT_USAGE, debug_enabled, report
+from pagedbatch.commands import admin_commands, client_commands, doctor_command, engine_commands, server_commands
+from pagedbatch.failures import EXIT_STATUS_HELP, EXIT_USAGE, debug_enabled, report, usage_error
+from settings import SettingsError, check_environment
 
 
 class Parser(argparse.ArgumentParser):
@@ -18,8 +19,9 @@ class Parser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                          help="print tracebacks (also PAGEDBATCH_DEBUG=1)")
+        self.add_argument(
+            "--debug", action="store_true", default=argparse.SUPPRESS, help="print tracebacks (also PAGEDBATCH_DEBUG=1)"
+        )
 
     def error(self, message: str):
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see '{self.prog} --help')\n")
@@ -34,8 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        check_environment()  # every variable of every process kind, before anything reads one
+    except SettingsError as exc:
+        return report(usage_error(f"bad environment: {exc}"), False)
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - every failure is one line and a status
+    except (Exception, KeyboardInterrupt) as exc:  # every failure is one line and a status
         return report(exc, debug_enabled(args))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -42,6 +43,7 @@ class _ProgressReader:
         data = self.f.read(size)
         if self.enabled and self.bar is None:
             self.bar = _bar(True, self.total, "upload", "B")
+            self.enabled = self.bar is not None
         if self.bar is not None:
             self.bar.update(len(data))
         return data
@@ -78,13 +80,17 @@ class Client:
         with self._open(method, path, **kwargs) as response:
             return json.loads(response.read())
 
-    def submit(self, path, *, model: str, defaults=None, metadata=None, progress: bool = False) -> dict:
-        """Upload a JSONL file (streamed as an application/x-ndjson body) as a job."""
+    def submit(
+        self, path, *, model: str, defaults=None, metadata=None, progress: bool = False, dry_run: bool = False
+    ) -> dict:
+        """Upload a JSONL file (streamed as an application/x-ndjson body) as a job; with `dry_run`, its quote
+        (nothing is created or run)."""
         size = os.path.getsize(path)
         params = {
             "model": model,
             "defaults": json.dumps(defaults) if defaults else None,
             "metadata": json.dumps(metadata) if metadata else None,
+            "dry_run": "true" if dry_run else None,
         }
         with open(path, "rb") as f:
             reader = _ProgressReader(f, progress, size)
@@ -109,6 +115,13 @@ class Client:
         """A page of the tenant's jobs, newest first (the API's list object)."""
         return self._json("GET", "/v1/jobs", params={"limit": limit, "status": status, "after": after})
 
+    def webhook_endpoints(self) -> list[dict]:
+        return self._json("GET", "/v1/webhook_endpoints", params={"limit": 100})["data"]
+
+    def webhook_deliveries(self, endpoint_id: str, *, limit: int = 20) -> list[dict]:
+        """The endpoint's delivery log, newest first."""
+        return self._json("GET", f"/v1/webhook_endpoints/{endpoint_id}/deliveries", params={"limit": limit})["data"]
+
     def error_lines(self, job_id: str):
         """The job's OpenAI-style error lines, as parsed JSON objects, streamed (the request is made now)."""
         response = self._open("GET", f"/v1/jobs/{job_id}/errors")
@@ -124,8 +137,9 @@ class Client:
     def wait(self, job_id: str, *, timeout: float | None = None, poll_s: float = 0.5, progress: bool = False):
         deadline = None if timeout is None else time.monotonic() + timeout
         job = self.job(job_id)
-        bar = _bar(progress, job["request_counts"]["valid"], "requests", "req")
-        done = 0
+        from workers.progress_bar import RequestBar
+
+        bar = RequestBar(job["request_counts"]["valid"], progress)
         try:
             while job["status"] not in TERMINAL:
                 if deadline is not None and time.monotonic() > deadline:
@@ -133,16 +147,11 @@ class Client:
                 time.sleep(poll_s)
                 job = self.job(job_id)
                 finished = int(job["progress"] * job["request_counts"]["valid"])
-                if bar is not None and finished > done:
-                    bar.update(finished - done)
-                    done = finished
-                if bar is not None:
-                    bar.set_postfix_str(job.get("status_detail") or "", refresh=False)  # why it waits
-            if bar is not None:
-                bar.update(max(job["request_counts"]["valid"] - done, 0))
+                tokens = (job.get("usage") or {}).get("completion_tokens") or 0
+                bar.set(finished, tokens, job.get("status_detail") or "")  # with why it waits
+            bar.set(job["request_counts"]["valid"], (job.get("usage") or {}).get("completion_tokens") or 0)
         finally:
-            if bar is not None:
-                bar.close()
+            bar.close()
         return job
 
     def download(
@@ -166,7 +175,7 @@ class Client:
 
 
 def _bar(enabled: bool, total, desc: str, unit: str):
-    if not enabled:
+    if not enabled or not sys.stderr.isatty():  # piped or redirected: no bar
         return None
     from tqdm import tqdm
 

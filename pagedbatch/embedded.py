@@ -81,7 +81,7 @@ class EmbeddedRedis:
         pid = self.client.pid
         try:
             self.client.shutdown(nosave=True, now=True, force=True)
-        except Exception:  # noqa: BLE001 - the connection drops as the server exits
+        except Exception:  # the connection drops as the server exits
             if pid:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGTERM)

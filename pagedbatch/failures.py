@@ -12,12 +12,14 @@ Exit statuses (the same for `run`, `wait` and `submit --wait`):
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
+import tempfile
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
+
+from settings import ClientSettings, SettingsError, current
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_LINES_FAILED, EXIT_JOB_FAILED = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report a SIGINT
@@ -51,7 +53,12 @@ def one_line(text: object, limit: int = 300) -> str:
 
 
 def debug_enabled(args) -> bool:
-    return bool(getattr(args, "debug", False)) or os.environ.get(DEBUG_ENV, "").lower() not in ("", "0", "false", "no")
+    if getattr(args, "debug", False):
+        return True
+    try:
+        return current(ClientSettings).debug
+    except SettingsError:  # reported as the command's error
+        return False
 
 
 def os_error(exc: OSError) -> CliError:
@@ -104,7 +111,7 @@ def _save_traceback(exc: BaseException) -> str:
     text = "".join(traceback.format_exception(exc))
     from store.settings import home_dir
 
-    for folder in (home_dir(), Path(os.environ.get("TMPDIR") or "/tmp")):
+    for folder in (home_dir(), Path(tempfile.gettempdir())):
         path = folder / "last-cli-error.txt"
         try:
             folder.mkdir(parents=True, exist_ok=True)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 
 from gunicorn.app.base import BaseApplication
+
+from settings import ApiSettings, current, export
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -30,11 +31,11 @@ class GunicornApp(BaseApplication):
 def prepare_metrics_dir() -> str:
     """Point prometheus_client at a directory shared by the gunicorn workers (PROMETHEUS_MULTIPROC_DIR,
     or a new temporary one), emptied of a previous run's files. Call before prometheus_client is imported."""
-    path = Path(os.environ.get(MULTIPROC_ENV) or tempfile.mkdtemp(prefix="pagedbatch-metrics-"))
+    path = Path(current(ApiSettings).prometheus_multiproc_dir or tempfile.mkdtemp(prefix="pagedbatch-metrics-"))
     path.mkdir(parents=True, exist_ok=True)
     for stale in path.glob("*.db"):
         stale.unlink()
-    os.environ[MULTIPROC_ENV] = str(path)
+    export(MULTIPROC_ENV, str(path))
     return str(path)
 
 

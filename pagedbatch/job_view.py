@@ -32,11 +32,26 @@ def job_table(job: dict) -> str:
         ("status", job["status"]),
         ("model", job.get("model") or "-"),
         ("progress", progress(job)),
-        ("lines", f"{counts['total']} total: {counts['completed']} completed, {failed_lines(job)} failed "
-                  f"({counts['invalid']} invalid, {counts['failed']} failed running), {counts['cancelled']} cancelled"),
+        (
+            "lines",
+            f"{counts['total']} total: {counts['completed']} completed, {failed_lines(job)} failed "
+            f"({counts['invalid']} invalid, {counts['failed']} failed running), {counts['cancelled']} cancelled",
+        ),
         ("tokens", f"{usage['prompt_tokens']} prompt, {usage['completion_tokens']} completion"),
         ("created", _when(job.get("created_at"))),
-    ]  # fmt: skip
+    ]
+    plan = job.get("plan")
+    if plan and plan["prompt_tokens"]:
+        rows.append(
+            (
+                "prefix cache",
+                f"{plan['cached_tokens']} prompt tokens served, {plan['expected_cached_tokens']} planned "
+                f"(of {plan['prompt_tokens']})",
+            )
+        )
+    if job.get("estimated_completion_at"):
+        risk = " (misses its completion window)" if job.get("deadline_at_risk") else ""
+        rows.append(("estimated end", _when(job["estimated_completion_at"]) + risk))
     for key in ("completed_at", "failed_at", "expired_at", "cancelled_at"):
         if job.get(key):
             rows.append((key.removesuffix("_at"), _when(job[key])))
@@ -45,14 +60,47 @@ def job_table(job: dict) -> str:
     return table(rows)
 
 
+def _duration(seconds) -> str:
+    if seconds is None:
+        return "unknown (no worker of the model has measured its rates yet)"
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def quote_table(quote: dict) -> str:
+    cached = quote["expected_cached_tokens"]
+    share = f" ({cached / quote['prompt_tokens']:.0%})" if quote["prompt_tokens"] else ""
+    return table(
+        [
+            ("model", quote["model"]),
+            ("lines", f"{quote['lines']} valid, {quote['invalid_lines']} invalid, in {quote['shards']} shards"),
+            ("prompt tokens", f"{quote['prompt_tokens']}, {cached} expected from the prefix cache{share}"),
+            ("completion tokens", f"at most {quote['max_completion_tokens']}"),
+            ("workers", str(quote["workers"])),
+            ("queue ahead", _duration(quote["queue_ahead_seconds"])),
+            ("run time", _duration(quote["estimated_run_seconds"])),
+            ("finish", _when(quote.get("estimated_completion_at"))),
+        ]
+    )
+
+
 def jobs_table(jobs: list[dict]) -> str:
     if not jobs:
         return "no jobs"
     rows = [("ID", "STATUS", "MODEL", "PROGRESS", "LINES", "COMPLETED", "FAILED", "CREATED")]
     for job in jobs:
         counts = job["request_counts"]
-        rows.append((job["id"], job["status"], job.get("model") or "-", f"{job['progress']:.0%}", str(counts["total"]),
-                     str(counts["completed"]), str(failed_lines(job)), _when(job.get("created_at"))))
+        rows.append(
+            (
+                job["id"],
+                job["status"],
+                job.get("model") or "-",
+                f"{job['progress']:.0%}",
+                str(counts["total"]),
+                str(counts["completed"]),
+                str(failed_lines(job)),
+                _when(job.get("created_at")),
+            )
+        )
     return table(rows)
 
 

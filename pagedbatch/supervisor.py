@@ -9,7 +9,6 @@ runs beside it, with every engine option `serve` was given. A worker that dies i
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from migrations import upgrade
 from pagedbatch.embedded import EmbeddedPostgres, EmbeddedRedis
 from pagedbatch.engine_options import engine_argv
 from pagedbatch.restarter import Restarter
+from settings import PlatformSettings, child_environment, current
 from store.keys import ensure_local_key, local_key_path
 from store.settings import Settings, home_dir
 
@@ -28,13 +28,17 @@ from store.settings import Settings, home_dir
 def worker_command(name: str, path: str, args, metrics_port: int | None = None) -> list[str]:
     """The command line of the worker that `serve` starts for one model."""
     return [
-        sys.executable, "-m", "pagedbatch", "worker",
-        "--model", f"{name}={path}",
+        sys.executable,
+        "-m",
+        "pagedbatch",
+        "worker",
+        "--model",
+        f"{name}={path}",
         f"--concurrency={args.concurrency}",
         *engine_argv(args),
         *([f"--metrics-port={metrics_port}"] if metrics_port is not None else []),
         "--loglevel=warning",
-    ]  # fmt: skip
+    ]
 
 
 def worker_metrics_ports(args, count: int) -> list[int | None]:
@@ -83,14 +87,16 @@ def serve(args, settings: Settings) -> int:
     home.mkdir(parents=True, exist_ok=True)
     if not settings.models:
         raise SystemExit("pagedbatch serve: give at least one --model NAME=PATH")
-    if not os.environ.get("PAGEDBATCH_STORAGE_URL"):
+    if not current(PlatformSettings).storage_url:
         settings.storage_url = str(home / "storage")
+    if "webhook_allow_loopback" not in current(PlatformSettings).model_fields_set:
+        settings.webhook_allow_loopback = True  # one machine: its own receivers are the ones to call
     services = start_embedded(settings, home)
     workers = Restarter()
     try:
         upgrade(settings.database_url)
         announce_local_key(settings, home)
-        env = {**os.environ, **settings.to_env()}
+        env = child_environment(settings.to_env())
         ports = worker_metrics_ports(args, len(settings.models))
         for (name, path), port in zip(settings.models.items(), ports):
             command = worker_command(name, path, args, port)

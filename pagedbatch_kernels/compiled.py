@@ -12,11 +12,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import threading
 
 import torch
 
-from pagedbatch_kernels import cpu_pointwise, reference
+from pagedbatch_kernels import reference, startup
+from pagedbatch_kernels.cpu import cpu_pointwise
+from settings import EngineSettings, export, value
 
 log = logging.getLogger(__name__)
 RECOMPILE_LIMIT = 64  # dtypes x ranks x head shapes, across the models one process may load
@@ -24,6 +27,11 @@ _setup_lock = threading.Lock()
 
 
 def _configure_dynamo() -> None:
+    # inductor's compiled code is kept with the project's other caches (not /tmp, which a reboot empties),
+    # one directory per torch version; inductor's own keys cover the graph, its source and the options
+    if not value(EngineSettings, "torchinductor_cache_dir"):
+        base = value(EngineSettings, "xdg_cache_home") or os.path.join(os.path.expanduser("~"), ".cache")
+        export("TORCHINDUCTOR_CACHE_DIR", os.path.join(base, "pagedbatch", f"inductor-{torch.__version__}"))
     with _setup_lock:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         # Sizes that happen to be equal in the first call (a batch of two, two KV heads) must not
@@ -43,8 +51,14 @@ class Compiled:
 
     force = False  # set by `compiling_everything`
 
-    def __init__(self, fn, fallback=None, eager_below: float | dict[torch.dtype | None, float] = 0,
-                 varying: dict[int, tuple[int, ...]] | None = None, small=None):
+    def __init__(
+        self,
+        fn,
+        fallback=None,
+        eager_below: float | dict[torch.dtype | None, float] = 0,
+        varying: dict[int, tuple[int, ...]] | None = None,
+        small=None,
+    ):
         self.fn = fn
         self.fallback = fallback or fn
         self.eager_below = eager_below
@@ -64,6 +78,8 @@ class Compiled:
         bound = self._eager_below(args[0].dtype)
         if args[0].numel() < bound and (bound == math.inf or not Compiled.force):
             return self.small(*args)
+        if startup.quick() and not Compiled.force:  # a quick start never compiles
+            return self.fallback(*args)
         if self.compiled is None:
             _configure_dynamo()
             self.compiled = torch.compile(self.fn, fullgraph=True)
@@ -72,7 +88,7 @@ class Compiled:
             torch._dynamo.maybe_mark_dynamic(args[position], dims)
         try:
             return self.compiled(*args)
-        except Exception as exc:  # noqa: BLE001 - whatever the compiler raised, the eager kernel works
+        except Exception as exc:  # whatever the compiler raised, the eager kernel works
             log.warning("compiling %s failed, running it eagerly: %s", self.fn.__name__, exc)
             self.failed = True
             return self.fallback(*args)
@@ -95,13 +111,21 @@ def compiling_everything():
 
 # Below where the native kernels (`cpu_pointwise`) ran faster than inductor's on a 2-core AMD EPYC
 # (AVX2): float32 norms, rotary and SiLU at every size (1.2-3x at 256..8192 rows of the vs_vllm model,
-# where torch's threads share the rows); rotary at every dtype, so it is not wrapped here at all (`engine.ops`
+# where torch's threads share the rows); rotary at every dtype, so it is not wrapped here at all (`engine.runner.ops`
 # names `cpu_pointwise.apply_rotary` itself); bfloat16 norms up to ~170 rows of 384 (past that, the
 # native rounding to bfloat16 is slower than inductor's loops); bfloat16 SiLU stays with torch.
 NATIVE_ALWAYS = math.inf
-rms_norm = Compiled(reference.rms_norm, eager_below={torch.float32: NATIVE_ALWAYS, None: 64 * 1024},
-                    small=cpu_pointwise.rms_norm)
-fused_add_rms_norm = Compiled(reference.fused_add_rms_norm, eager_below={torch.float32: NATIVE_ALWAYS, None: 64 * 1024},
-                              varying=first_dims(0, 1), small=cpu_pointwise.fused_add_rms_norm)
-silu_and_mul = Compiled(reference.silu_and_mul, eager_below={torch.float32: NATIVE_ALWAYS, None: 512 * 1024},
-                        small=cpu_pointwise.silu_and_mul)
+rms_norm = Compiled(
+    reference.rms_norm, eager_below={torch.float32: NATIVE_ALWAYS, None: 64 * 1024}, small=cpu_pointwise.rms_norm
+)
+fused_add_rms_norm = Compiled(
+    reference.fused_add_rms_norm,
+    eager_below={torch.float32: NATIVE_ALWAYS, None: 64 * 1024},
+    varying=first_dims(0, 1),
+    small=cpu_pointwise.fused_add_rms_norm,
+)
+silu_and_mul = Compiled(
+    reference.silu_and_mul,
+    eager_below={torch.float32: NATIVE_ALWAYS, None: 512 * 1024},
+    small=cpu_pointwise.silu_and_mul,
+)

@@ -15,11 +15,30 @@ BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 32
 
 
 @triton.jit
-def _expert_gemm(a_ptr, w_ptr, out_ptr, row_ids_ptr, block_experts_ptr, weights_ptr,
-                 num_rows, num_experts, a_row_div, N, K,
-                 stride_am, stride_we, stride_wn, stride_wk, stride_om,
-                 MUL_WEIGHTS: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _expert_gemm(
+    a_ptr,
+    w_ptr,
+    out_ptr,
+    row_ids_ptr,
+    block_experts_ptr,
+    weights_ptr,
+    num_rows,
+    num_experts,
+    a_row_div,
+    N,
+    K,
+    stride_am,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    stride_om,
+    MUL_WEIGHTS: tl.constexpr,
+    IEEE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """out[row] = a[row // a_row_div] @ w[expert].T (times weights[row]) for the rows of one block."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -32,10 +51,14 @@ def _expert_gemm(a_ptr, w_ptr, out_ptr, row_ids_ptr, block_experts_ptr, weights_
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(a_ptr + a_rows[:, None] * stride_am + ks[None, :], mask=valid[:, None] & (ks[None, :] < K),
-                    other=0.0)
-        w = tl.load(w_base + cols[None, :] * stride_wn + ks[:, None] * stride_wk,
-                    mask=(cols[None, :] < N) & (ks[:, None] < K), other=0.0)
+        a = tl.load(
+            a_ptr + a_rows[:, None] * stride_am + ks[None, :], mask=valid[:, None] & (ks[None, :] < K), other=0.0
+        )
+        w = tl.load(
+            w_base + cols[None, :] * stride_wn + ks[:, None] * stride_wk,
+            mask=(cols[None, :] < N) & (ks[:, None] < K),
+            other=0.0,
+        )
         if UPCAST:
             acc += tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         elif IEEE:
@@ -51,15 +74,36 @@ def _expert_gemm(a_ptr, w_ptr, out_ptr, row_ids_ptr, block_experts_ptr, weights_
 def _gemm(a, w, out, row_ids, block_experts, weights, a_row_div: int, mul_weights: bool) -> None:
     num_experts, n, k = w.shape
     grid = (block_experts.numel(), triton.cdiv(n, BLOCK_N))
-    _expert_gemm[grid](a, w, out, row_ids, block_experts, weights, out.shape[0], num_experts, a_row_div, n, k,
-                       a.stride(0), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
-                       MUL_WEIGHTS=mul_weights, IEEE=a.dtype == torch.float32,
-                       UPCAST=not a.is_cuda and a.dtype != torch.float32,  # the interpreter has no bf16 dot
-                       BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=4)
+    _expert_gemm[grid](
+        a,
+        w,
+        out,
+        row_ids,
+        block_experts,
+        weights,
+        out.shape[0],
+        num_experts,
+        a_row_div,
+        n,
+        k,
+        a.stride(0),
+        w.stride(0),
+        w.stride(1),
+        w.stride(2),
+        out.stride(0),
+        MUL_WEIGHTS=mul_weights,
+        IEEE=a.dtype == torch.float32,
+        UPCAST=not a.is_cuda and a.dtype != torch.float32,  # the interpreter has no bf16 dot
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N,
+        BLOCK_K=BLOCK_K,
+        num_warps=4,
+    )
 
 
-def fused_moe(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
-              ids: torch.Tensor) -> torch.Tensor:
+def fused_moe(
+    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
     """sum_j weights[t, j] * expert_{ids[t, j]}(x[t]), [T, H] in x's dtype (see `moe_align.fused_moe`)."""
     tokens, hidden = x.shape
     top_k = ids.shape[1]

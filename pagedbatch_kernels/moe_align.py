@@ -19,8 +19,7 @@ def align(ids: torch.Tensor, num_experts: int, block: int) -> tuple[torch.Tensor
     flat = ids.reshape(-1).to(torch.int64)
     rows = flat.numel()
     capacity = -(-(rows + num_experts * (block - 1)) // block) * block
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device).scatter_add_(
-        0, flat, torch.ones_like(flat))
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block - 1) // block * block
     padded_starts = torch.cumsum(padded, 0) - padded
     starts = torch.cumsum(counts, 0) - counts
@@ -35,8 +34,14 @@ def align(ids: torch.Tensor, num_experts: int, block: int) -> tuple[torch.Tensor
     return row_ids, block_experts
 
 
-def fused_moe(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
-              ids: torch.Tensor, block: int = 16) -> torch.Tensor:
+def fused_moe(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    block: int = 16,
+) -> torch.Tensor:
     """The Triton kernel's twin: sum_j weights[t, j] * expert_{ids[t, j]}(x[t]) (SwiGLU experts,
     `gate_up` [E, 2I, H] gate rows first, `down` [E, H, I]), block by block of `align`'s grouping,
     float32 accumulation, [T, H] in x's dtype."""
@@ -50,7 +55,7 @@ def fused_moe(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weight
     for b, expert in enumerate(block_experts.tolist()):
         if expert >= num_experts:
             continue
-        rows = row_ids[b * block:(b + 1) * block].long()
+        rows = row_ids[b * block : (b + 1) * block].long()
         a = x_rows[torch.where(rows < tokens * top_k, rows // top_k, tokens)].float()
         h = (a @ gate_up[expert].float().T).to(x.dtype).float()
         gate, up = h.chunk(2, dim=-1)

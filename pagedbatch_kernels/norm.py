@@ -16,10 +16,19 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
-    stride_x, stride_res, stride_out, stride_res_out,
-    n_cols, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    res_out_ptr,
+    stride_x,
+    stride_res,
+    stride_out,
+    stride_res_out,
+    n_cols,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -53,10 +62,19 @@ def _launch(x, residual, weight, eps):
         return out, res_out
     block = max(triton.next_power_of_2(hidden), 16)
     _rms_norm_kernel[(rows,)](
-        x2, res2, weight, out2, res_out2,
-        x2.stride(0), res2.stride(0), out2.stride(0), res_out2.stride(0),
-        hidden, float(eps),
-        HAS_RESIDUAL=residual is not None, BLOCK=block,
+        x2,
+        res2,
+        weight,
+        out2,
+        res_out2,
+        x2.stride(0),
+        res2.stride(0),
+        out2.stride(0),
+        res_out2.stride(0),
+        hidden,
+        float(eps),
+        HAS_RESIDUAL=residual is not None,
+        BLOCK=block,
         num_warps=min(max(block // 256, 1), 16),
     )
     return out, res_out

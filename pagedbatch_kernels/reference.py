@@ -13,7 +13,8 @@ The new tokens of sequence i sit at positions seq_lens[i] - q_len_i .. seq_lens[
 and attend causally to everything before them, cached or new. With a `window` W, a token at p
 attends to positions p - W + 1 .. p only (transformers' sliding window), and blocks wholly before
 every new token's window are not read; with `softcap` c, scaled scores s become c * tanh(s / c)
-(Gemma 2) before the mask and the softmax.
+(Gemma 2) before the mask and the softmax; with `sinks` [num_heads] (gpt-oss), each head's sink
+logit joins the softmax's denominator as one more score that has no value.
 """
 
 from __future__ import annotations
@@ -77,20 +78,54 @@ def _causal_mask(q_len, length, dtype, device):
     return mask
 
 
-def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, *,
-                    window: int | None = None, softcap: float | None = None):
+def paged_attention(
+    query,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    scale,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+):
     """Causal attention of each sequence's new tokens over its paged context (or its last `window`
-    positions), scores optionally soft-capped."""
+    positions), scores optionally soft-capped, softmax optionally with sinks."""
     out = torch.empty_like(query)
     starts = query_start_loc.tolist()
     lengths = seq_lens.tolist()
     decodes = [i for i in range(len(lengths)) if starts[i + 1] - starts[i] == 1]
     if decodes:
-        _decode_attention(query, k_cache, v_cache, block_tables, lengths, starts, decodes, scale, out,
-                          window=window, softcap=softcap)
-    if window or softcap:
-        banded_prefill_attention(query, k_cache, v_cache, block_tables, lengths, starts, scale, out,
-                                 window=window, softcap=softcap)
+        _decode_attention(
+            query,
+            k_cache,
+            v_cache,
+            block_tables,
+            lengths,
+            starts,
+            decodes,
+            scale,
+            out,
+            window=window,
+            softcap=softcap,
+            sinks=sinks,
+        )
+    if window or softcap or sinks is not None:
+        banded_prefill_attention(
+            query,
+            k_cache,
+            v_cache,
+            block_tables,
+            lengths,
+            starts,
+            scale,
+            out,
+            window=window,
+            softcap=softcap,
+            sinks=sinks,
+        )
     else:
         prefill_attention(query, k_cache, v_cache, block_tables, lengths, starts, scale, out)
     return out
@@ -103,11 +138,24 @@ def first_window_block(length: int, q_len: int, window: int | None, block_size: 
     return max(0, length - q_len - window + 1) // block_size
 
 
-def banded_prefill_attention(query, k_cache, v_cache, block_tables, lengths, starts, scale, out, *,
-                             window=None, softcap=None, seqs=None):
-    """`prefill_attention` with a sliding window and/or soft-capped scores: the blocks from the first
-    one any new token's window reaches, one explicit mask per sequence; soft-capped scores are
-    computed as transformers' eager attention does (matmul, float32 softmax)."""
+def banded_prefill_attention(
+    query,
+    k_cache,
+    v_cache,
+    block_tables,
+    lengths,
+    starts,
+    scale,
+    out,
+    *,
+    window=None,
+    softcap=None,
+    sinks=None,
+    seqs=None,
+):
+    """`prefill_attention` with a sliding window, soft-capped scores and/or sinks: the blocks from the
+    first one any new token's window reaches, one explicit mask per sequence; soft-capped scores and
+    sinks are computed as transformers' eager attention does (matmul, float32 softmax)."""
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = query.shape[1] // num_kv_heads
     for i in range(len(lengths)) if seqs is None else seqs:
@@ -125,15 +173,17 @@ def banded_prefill_attention(query, k_cache, v_cache, block_tables, lengths, sta
         keep = k_pos <= q_pos
         if window:
             keep &= k_pos > q_pos - window
-        mask = _additive(keep, torch.float32 if softcap else q.dtype)
-        if softcap:
+        eager = softcap or sinks is not None
+        mask = _additive(keep, torch.float32 if eager else q.dtype)
+        if eager:
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
             scores = torch.matmul(q, k.transpose(-1, -2)).float().mul_(scale)
-            scores = torch.tanh(scores.div_(softcap)).mul_(softcap) + mask
-            o = torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
+            if softcap:
+                scores = torch.tanh(scores.div_(softcap)).mul_(softcap)
+            probs = _softmax(scores + mask, None if sinks is None else sinks.view(1, -1, 1, 1))
+            o = torch.matmul(probs.to(v.dtype), v)
         else:
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None], scale=scale,
-                                               enable_gqa=group > 1)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None], scale=scale, enable_gqa=group > 1)
         out[starts[i] : starts[i + 1]] = o[0].transpose(0, 1)
 
 
@@ -160,13 +210,23 @@ def prefill_attention(query, k_cache, v_cache, block_tables, lengths, starts, sc
         out[starts[i] : starts[i + 1]] = o[0].transpose(0, 1)
 
 
+def _softmax(scores, sinks):
+    """Softmax over the last dimension in float32, with a sink logit per row (broadcast from `sinks`)
+    in the denominator where there are sinks."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    sink = sinks.float().expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+
+
 def _additive(keep, dtype):
     """A boolean keep-mask as 0 / -inf in `dtype`."""
     return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, float("-inf"))
 
 
-def _decode_attention(query, k_cache, v_cache, block_tables, lengths, starts, rows, scale, out, *,
-                      window=None, softcap=None):
+def _decode_attention(
+    query, k_cache, v_cache, block_tables, lengths, starts, rows, scale, out, *, window=None, softcap=None, sinks=None
+):
     """All single-token queries at once, grouped by shared prefix: sequences whose block tables
     start with the same blocks (a common system prompt, sibling samples) read those blocks once
     for the whole group, and only their own tails are gathered per sequence, padded and masked.
@@ -181,9 +241,20 @@ def _decode_attention(query, k_cache, v_cache, block_tables, lengths, starts, ro
         lens = [n - f * block_size for n, f in zip(lens, firsts)]
         lows = [max(0, n - window) for n in lens]
     for members, shared in shared_prefixes(tables, lens, block_size):
-        _decode_group(query, k_cache, v_cache, [tables[i] for i in members], [lens[i] for i in members],
-                      [starts[rows[i]] for i in members], shared, scale, out,
-                      lows=None if lows is None else [lows[i] for i in members], softcap=softcap)
+        _decode_group(
+            query,
+            k_cache,
+            v_cache,
+            [tables[i] for i in members],
+            [lens[i] for i in members],
+            [starts[rows[i]] for i in members],
+            shared,
+            scale,
+            out,
+            lows=None if lows is None else [lows[i] for i in members],
+            softcap=softcap,
+            sinks=sinks,
+        )
 
 
 def shared_prefixes(tables: list[list[int]], lengths: list[int], block_size: int) -> list[tuple[list[int], int]]:
@@ -210,18 +281,20 @@ def shared_prefixes(tables: list[list[int]], lengths: list[int], block_size: int
     return groups + ([(alone, 0)] if alone else [])
 
 
-def _decode_group(query, k_cache, v_cache, tables, lengths, token_starts, shared, scale, out, lows=None,
-                  softcap=None):
+def _decode_group(
+    query, k_cache, v_cache, tables, lengths, token_starts, shared, scale, out, lows=None, softcap=None, sinks=None
+):
     """Decode attention of sequences whose first `shared` blocks are the same ones (each member's
-    positions before its `lows` entry masked, scores soft-capped at `softcap`)."""
+    positions before its `lows` entry masked, scores soft-capped at `softcap`, `sinks` per head)."""
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     device, batch = query.device, len(tables)
     group = query.shape[1] // num_kv_heads
     prefix = shared * block_size
     tail = max(lengths) - prefix
     tail_blocks = -(-tail // block_size)
-    tail_ids = torch.tensor([t[shared : shared + tail_blocks] + [0] * (shared + tail_blocks - len(t)) for t in tables],
-                            device=device).flatten()
+    tail_ids = torch.tensor(
+        [t[shared : shared + tail_blocks] + [0] * (shared + tail_blocks - len(t)) for t in tables], device=device
+    ).flatten()
 
     def tails(name, cache):  # [B, kv_heads, tail, D]
         ctx = _gather_blocks(name, cache, tail_ids).view(batch, -1, num_kv_heads, head_dim)[:, :tail]
@@ -249,7 +322,7 @@ def _decode_group(query, k_cache, v_cache, tables, lengths, token_starts, shared
     if lows is not None:
         keep &= cols >= torch.tensor(lows, device=device)[:, None]
     scores += _additive(keep, torch.float32)[:, None, None]
-    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    probs = _softmax(scores, None if sinks is None else sinks.view(num_kv_heads, group, 1)).to(v.dtype)
     o = torch.matmul(probs[..., prefix:], v)
     if prefix:
         pp = probs[..., :prefix].transpose(0, 1).reshape(num_kv_heads, batch * group, prefix)

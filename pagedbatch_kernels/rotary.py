@@ -13,8 +13,19 @@ import triton.language as tl
 
 @triton.jit
 def _rotate_heads(
-    src_ptr, dst_ptr, stride_st, stride_sh, stride_dt, stride_dh, token, num_heads, half, cos, sin,
-    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    src_ptr,
+    dst_ptr,
+    stride_st,
+    stride_sh,
+    stride_dt,
+    stride_dh,
+    token,
+    num_heads,
+    half,
+    cos,
+    sin,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
 ):
     heads = tl.arange(0, BLOCK_H)
     cols = tl.arange(0, BLOCK_HALF)
@@ -30,11 +41,27 @@ def _rotate_heads(
 
 @triton.jit
 def _rotary_kernel(
-    q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, cache_ptr,
-    stride_qt, stride_qh, stride_kt, stride_kh,
-    stride_qot, stride_qoh, stride_kot, stride_koh, stride_cache,
-    num_q_heads, num_k_heads, half,
-    BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    q_out_ptr,
+    k_out_ptr,
+    pos_ptr,
+    cache_ptr,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_qot,
+    stride_qoh,
+    stride_kot,
+    stride_koh,
+    stride_cache,
+    num_q_heads,
+    num_k_heads,
+    half,
+    BLOCK_QH: tl.constexpr,
+    BLOCK_KH: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + token).to(tl.int64)
@@ -42,10 +69,36 @@ def _rotary_kernel(
     cmask = cols < half
     cos = tl.load(cache_ptr + pos * stride_cache + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     sin = tl.load(cache_ptr + pos * stride_cache + half + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    _rotate_heads(q_ptr, q_out_ptr, stride_qt, stride_qh, stride_qot, stride_qoh, token, num_q_heads, half,
-                  cos, sin, BLOCK_QH, BLOCK_HALF)
-    _rotate_heads(k_ptr, k_out_ptr, stride_kt, stride_kh, stride_kot, stride_koh, token, num_k_heads, half,
-                  cos, sin, BLOCK_KH, BLOCK_HALF)
+    _rotate_heads(
+        q_ptr,
+        q_out_ptr,
+        stride_qt,
+        stride_qh,
+        stride_qot,
+        stride_qoh,
+        token,
+        num_q_heads,
+        half,
+        cos,
+        sin,
+        BLOCK_QH,
+        BLOCK_HALF,
+    )
+    _rotate_heads(
+        k_ptr,
+        k_out_ptr,
+        stride_kt,
+        stride_kh,
+        stride_kot,
+        stride_koh,
+        token,
+        num_k_heads,
+        half,
+        cos,
+        sin,
+        BLOCK_KH,
+        BLOCK_HALF,
+    )
 
 
 def apply_rotary(
@@ -66,10 +119,24 @@ def apply_rotary(
         return q_out, k_out
     half = head_dim // 2
     _rotary_kernel[(num_tokens,)](
-        query, key, q_out, k_out, positions, cos_sin_cache,
-        query.stride(0), query.stride(1), key.stride(0), key.stride(1),
-        q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1), cos_sin_cache.stride(0),
-        num_q_heads, num_k_heads, half,
+        query,
+        key,
+        q_out,
+        k_out,
+        positions,
+        cos_sin_cache,
+        query.stride(0),
+        query.stride(1),
+        key.stride(0),
+        key.stride(1),
+        q_out.stride(0),
+        q_out.stride(1),
+        k_out.stride(0),
+        k_out.stride(1),
+        cos_sin_cache.stride(0),
+        num_q_heads,
+        num_k_heads,
+        half,
         BLOCK_QH=triton.next_power_of_2(num_q_heads),
         BLOCK_KH=triton.next_power_of_2(num_k_heads),
         BLOCK_HALF=max(triton.next_power_of_2(half), 8),

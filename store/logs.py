@@ -12,11 +12,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import sys
 from collections.abc import Iterator
 from contextvars import ContextVar
 from datetime import UTC, datetime
+
+from settings import PlatformSettings, current
 
 FORMATS = ("json", "text")
 FORMAT_ENV = "PAGEDBATCH_LOG_FORMAT"
@@ -36,10 +37,6 @@ def log_context(**ids: str | None) -> Iterator[None]:
         yield
     finally:
         _context.reset(token)
-
-
-def current_context() -> dict[str, str]:
-    return dict(_context.get() or {})
 
 
 class ContextFilter(logging.Filter):
@@ -84,7 +81,7 @@ class TextFormatter(logging.Formatter):
 
 
 def log_format(requested: str | None = None) -> str:
-    chosen = (requested or os.environ.get(FORMAT_ENV) or "text").lower()
+    chosen = (requested or current(PlatformSettings).log_format).lower()
     if chosen not in FORMATS:
         raise ValueError(f"log format {chosen!r}: expected one of {', '.join(FORMATS)} ({FORMAT_ENV})")
     return chosen

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import JSON, BigInteger, CheckConstraint, DateTime, Float, ForeignKey, Index, Integer, String
+from sqlalchemy import JSON, BigInteger, CheckConstraint, DateTime, Float, ForeignKey, Index, Integer, String, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -89,6 +89,11 @@ class Job(Base):
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)  # of prompt_tokens, prefix-cache hits
+    # The validation's prefix plan (batchfile.prefix_plan): the valid lines' prompt tokens, those the plan expects
+    # the prefix cache to serve, and the most completion tokens the lines may generate.
+    planned_prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    planned_cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    planned_completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     shard_count: Mapped[int] = mapped_column(Integer, default=0)
     errors: Mapped[list | None] = mapped_column(JSONType, nullable=True)  # the first validation errors
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -100,7 +105,7 @@ class Job(Base):
     expired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     cancelling_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     cancelled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    # Validation runs in the background (store.validating), resumable: `validated_lines` input lines are
+    # Validation runs in the background (store.lifecycle.validating), resumable: `validated_lines` input lines are
     # committed (their shards and `validation_parts` error parts written); `validation_owner` renews
     # `validation_heartbeat_at` while it works, and a silent one is replaced; `validated_at` marks the end.
     on_invalid_lines: Mapped[str | None] = mapped_column(String(8), nullable=True)
@@ -116,10 +121,13 @@ class Job(Base):
     storage_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     storage_failing_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     retry_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # When its end (completed, failed, cancelled, expired) was turned into webhook deliveries: null until then.
+    announced_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
     __table_args__ = (
         Index("ix_jobs_tenant_created", "tenant", "created_at", "id"),
         Index("ix_jobs_tenant_status", "tenant", "status"),
+        Index("ix_jobs_unannounced", "status", postgresql_where=text("announced_at IS NULL")),
         CheckConstraint(f"priority BETWEEN {MIN_PRIORITY} AND {MAX_PRIORITY}", name="ck_jobs_priority"),
     )
 
@@ -171,7 +179,7 @@ class Tenant(Base):
     max_queued_requests: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_files: Mapped[int | None] = mapped_column(Integer, nullable=True)  # uploaded files kept at once
     max_file_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # their bytes together
-    # Its share of a worker's engine beside other tenants' (workers.fair_share): twice the weight, twice the share.
+    # Its share of a worker's engine beside other tenants' (workers.host.fair_share): twice the weight, twice the share.
     weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
@@ -206,5 +214,94 @@ class WorkerModel(Base):
     hostname: Mapped[str] = mapped_column(String(256))
     pid: Mapped[int] = mapped_column(Integer)
     metrics_port: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    adapters: Mapped[dict | None] = mapped_column(JSONType, nullable=True)  # LoRA adapters: {name: directory}
+    # measured at its heartbeats (workers.throughput): engine busy seconds and the tokens computed in them
+    throughput: Mapped[dict | None] = mapped_column(JSONType, nullable=True)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+# An upload's states (OpenAI's Upload.status).
+UPLOAD_PENDING, UPLOAD_COMPLETED, UPLOAD_CANCELLED, UPLOAD_EXPIRED = "pending", "completed", "cancelled", "expired"
+
+
+class Upload(Base):
+    """A file uploaded in parts (OpenAI's Uploads API): its parts are stored as they come and joined, in the
+    order `complete` names them, into a normal input file (`file_id`)."""
+
+    __tablename__ = "uploads"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True)
+    filename: Mapped[str] = mapped_column(String(512))
+    purpose: Mapped[str] = mapped_column(String(32))
+    mime_type: Mapped[str] = mapped_column(String(128))
+    bytes: Mapped[int] = mapped_column(BigInteger)  # what the whole file will hold, declared at creation
+    status: Mapped[str] = mapped_column(String(16), default=UPLOAD_PENDING)
+    file_id: Mapped[str | None] = mapped_column(ForeignKey("files.id"), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (Index("ix_uploads_status_expires", "status", "expires_at"),)
+
+
+class UploadPart(Base):
+    """One part of an upload, stored under `storage_key` until the upload completes or goes."""
+
+    __tablename__ = "upload_parts"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    upload_id: Mapped[str] = mapped_column(ForeignKey("uploads.id", ondelete="CASCADE"), index=True)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    storage_key: Mapped[str] = mapped_column(String(1024))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class WebhookEndpoint(Base):
+    """Where a tenant's events are sent (OpenAI's webhook endpoint), signed with `secret` (whsec_...); after a
+    rotation that keeps the old secret, deliveries are signed with both until `previous_secret_until`."""
+
+    __tablename__ = "webhook_endpoints"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True)
+    name: Mapped[str] = mapped_column(String(256))
+    url: Mapped[str] = mapped_column(String(2048))
+    event_types: Mapped[list] = mapped_column(JSONType)
+    secret: Mapped[str] = mapped_column(String(128))
+    previous_secret: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    previous_secret_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    __table_args__ = (Index("ix_webhook_endpoints_tenant_created", "tenant", "created_at", "id"),)
+
+
+# A delivery's states: sent until the endpoint answers 2xx (delivered) or the attempts run out (failed).
+DELIVERY_PENDING, DELIVERY_DELIVERED, DELIVERY_FAILED = "pending", "delivered", "failed"
+
+
+class WebhookDelivery(Base):
+    """One event for one endpoint: its exact body (what is signed), and each attempt's outcome (the log)."""
+
+    __tablename__ = "webhook_deliveries"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    endpoint_id: Mapped[str] = mapped_column(ForeignKey("webhook_endpoints.id", ondelete="CASCADE"))
+    tenant: Mapped[str] = mapped_column(String(64))
+    event_id: Mapped[str] = mapped_column(String(64))  # the webhook-id header: the same on every attempt
+    event_type: Mapped[str] = mapped_column(String(64))
+    body: Mapped[str] = mapped_column(String)
+    status: Mapped[str] = mapped_column(String(16), default=DELIVERY_PENDING)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    last_status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    last_error: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    __table_args__ = (
+        Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),
+        Index("ix_webhook_deliveries_endpoint", "endpoint_id", "created_at", "id"),
+    )

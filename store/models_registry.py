@@ -7,12 +7,12 @@ validated with the configured path, whatever a worker registered.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import delete, select, update
 
+from settings import PlatformSettings, current
 from store.db import session_scope
 from store.models import WorkerModel, utcnow
 from store.settings import Settings
@@ -23,7 +23,7 @@ FORGET_AFTER = timedelta(days=1)  # rows of workers that died without unregister
 
 
 def heartbeat_s() -> float:
-    return float(os.environ.get("PAGEDBATCH_HEARTBEAT_S") or HEARTBEAT_S)
+    return current(PlatformSettings).heartbeat_s
 
 
 def fresh_after() -> timedelta:
@@ -40,6 +40,7 @@ class Registration:
     hostname: str
     pid: int
     metrics_port: int | None = None
+    adapters: tuple[tuple[str, str], ...] = ()  # LoRA adapters over the model: (name, directory)
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class RunningWorker:
     metrics_port: int | None
     started_at: datetime
     heartbeat_at: datetime
+    adapters: dict[str, str]
 
 
 def register(settings: Settings, reg: Registration) -> None:
@@ -71,16 +73,19 @@ def register(settings: Settings, reg: Registration) -> None:
                 hostname=reg.hostname,
                 pid=reg.pid,
                 metrics_port=reg.metrics_port,
+                adapters=dict(reg.adapters),
                 started_at=now,
                 heartbeat_at=now,
             )
         )
 
 
-def heartbeat(settings: Settings, worker: str) -> bool:
-    """Renew the worker's heartbeat; False when its row is gone (then the caller registers again)."""
+def heartbeat(settings: Settings, worker: str, throughput: dict | None = None) -> bool:
+    """Renew the worker's heartbeat, with its measured step rates (workers.host.step_rates) when given; False
+    when its row is gone (then the caller registers again)."""
+    values = {"heartbeat_at": utcnow()} | ({"throughput": throughput} if throughput is not None else {})
     with session_scope(settings.database_url) as s:
-        result = s.execute(update(WorkerModel).where(WorkerModel.worker == worker).values(heartbeat_at=utcnow()))
+        result = s.execute(update(WorkerModel).where(WorkerModel.worker == worker).values(**values))
         return result.rowcount > 0
 
 
@@ -98,11 +103,33 @@ def running_workers(settings: Settings) -> list[RunningWorker]:
         ).all()
         return [
             RunningWorker(
-                r.worker, r.model, r.path, list(r.endpoints), r.max_model_len, r.hostname, r.pid,
-                r.metrics_port, r.started_at, r.heartbeat_at,
+                r.worker,
+                r.model,
+                r.path,
+                list(r.endpoints),
+                r.max_model_len,
+                r.hostname,
+                r.pid,
+                r.metrics_port,
+                r.started_at,
+                r.heartbeat_at,
+                dict(r.adapters or {}),
             )
             for r in rows
         ]
+
+
+def worker_throughput(settings: Settings, model: str) -> list[dict]:
+    """The measured step rates of the fresh workers serving `model` (those that have published any)."""
+    since = utcnow() - fresh_after()
+    query = select(WorkerModel.throughput).where(WorkerModel.model == model, WorkerModel.heartbeat_at >= since)
+    with session_scope(settings.database_url) as s:
+        return [dict(t) for t in s.scalars(query) if t]
+
+
+def worker_count(settings: Settings, model: str | None) -> int:
+    """Fresh workers serving `model` (every model's when None); at least 1, the one that will come."""
+    return max(1, sum(1 for w in running_workers(settings) if model is None or w.model == model))
 
 
 def running_models(settings: Settings) -> dict[str, RunningWorker]:
@@ -112,6 +139,11 @@ def running_models(settings: Settings) -> dict[str, RunningWorker]:
         if w.model not in models or w.started_at > models[w.model].started_at:
             models[w.model] = w
     return models
+
+
+def running_adapters(settings: Settings) -> dict[str, tuple[str, str]]:
+    """LoRA adapters served over running models: {adapter name: (its base model, its directory)}."""
+    return {name: (w.model, path) for w in running_models(settings).values() for name, path in w.adapters.items()}
 
 
 def model_paths(settings: Settings) -> dict[str, str]:

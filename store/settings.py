@@ -1,17 +1,18 @@
-"""Platform settings, read from PAGEDBATCH_* environment variables."""
+"""Platform settings: PAGEDBATCH_* environment variables as read by `settings.PlatformSettings`, and
+what a process passes on to the processes it starts (`to_env`)."""
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from batchfile.sampling import OPENAI_MAX_STOP_STRINGS, RequestBounds
+from settings import PlatformSettings, current
 
 
 def home_dir() -> Path:
     """The local data directory: $PAGEDBATCH_HOME, else ~/.pagedbatch (read at each call)."""
-    return Path(os.environ.get("PAGEDBATCH_HOME") or "~/.pagedbatch").expanduser()
+    return Path(current(PlatformSettings).home).expanduser()
 
 
 def parse_models(spec: str | list[str] | None) -> dict[str, str]:
@@ -39,11 +40,6 @@ def format_models(models: dict[str, str]) -> str:
     return ",".join(f"{name}={path}" for name, path in models.items())
 
 
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    return int(value) if value else default
-
-
 @dataclass
 class Settings:
     database_url: str = ""
@@ -55,6 +51,9 @@ class Settings:
     max_upload_bytes: int = 200 * 1024 * 1024
     max_lines: int = 50_000
     shard_size: int = 256
+    plan_prefixes: bool = True  # lines sharing a prompt prefix grouped into shards (batchfile.prefix_plan)
+    plan_block_size: int = 16  # the workers' KV block size
+    plan_window_lines: int = 8192  # valid lines planned together before their shards are written
     broker_prefix: str = ""  # a Redis key prefix, so several deployments can share one Redis db
     queue_prefix: str = "pagedbatch"
     cancel_poll_s: float = 0.25
@@ -76,37 +75,31 @@ class Settings:
     storage_retry_max_s: float = 15.0
     storage_give_up_s: float = 24 * 3600.0
     storage_min_free_bytes: int = 512 * 1024**2  # local storage with less free is reported degraded
+    # uploads in parts (OpenAI's Uploads API): the whole file is held to max_upload_bytes and max_lines
+    max_upload_part_bytes: int = 64 * 1024**2
+    max_upload_parts: int = 10_000
+    upload_expires_s: int = 3600  # an upload not completed by then is gone, its parts deleted
+    # webhooks: endpoints on loopback or private addresses are refused unless allowed (`serve` allows loopback)
+    webhook_allow_loopback: bool = False
+    webhook_allow_private: bool = False
+    webhook_max_attempts: int = 8  # a delivery not answered 2xx after this many attempts is marked failed
+    webhook_retry_base_s: float = 5.0  # the wait before the second attempt, doubled after each failure
+    webhook_timeout_s: float = 10.0
+    webhook_poll_s: float = 1.0  # how often each worker's webhook sender looks for due deliveries
+    webhook_concurrency: int = 8  # attempts in flight at once per worker: a slow endpoint cannot hold up the rest
 
     @classmethod
     def from_env(cls, **overrides) -> Settings:
-        env = os.environ
+        """The environment's settings (`settings.PlatformSettings`: typed, a bad value is a clear error);
+        `overrides` that are not None win."""
+        env = current(PlatformSettings)
+        plain = {f.name for f in fields(cls)} & set(PlatformSettings.model_fields)
+        plain -= {"models", "special_tokens_in_content", "storage_url"}
         settings = cls(
-            database_url=env.get("PAGEDBATCH_DATABASE_URL", ""),
-            broker_url=env.get("PAGEDBATCH_BROKER_URL", ""),
-            storage_url=env.get("PAGEDBATCH_STORAGE_URL", str(home_dir() / "storage")),
-            models=parse_models(env.get("PAGEDBATCH_MODELS", "")),
-            special_tokens_in_content=[
-                m for m in env.get("PAGEDBATCH_SPECIAL_TOKENS_IN_CONTENT", "").split(",") if m.strip()
-            ],
-            max_upload_bytes=_env_int("PAGEDBATCH_MAX_UPLOAD_BYTES", 200 * 1024 * 1024),
-            max_lines=_env_int("PAGEDBATCH_MAX_LINES", 50_000),
-            shard_size=_env_int("PAGEDBATCH_SHARD_SIZE", 256),
-            broker_prefix=env.get("PAGEDBATCH_BROKER_PREFIX", ""),
-            queue_prefix=env.get("PAGEDBATCH_QUEUE_PREFIX", "pagedbatch"),
-            cancel_poll_s=float(env.get("PAGEDBATCH_CANCEL_POLL_S", "0.25")),
-            max_active_jobs_per_tenant=_env_int("PAGEDBATCH_MAX_ACTIVE_JOBS_PER_TENANT", 100),
-            max_queued_requests_per_tenant=_env_int("PAGEDBATCH_MAX_QUEUED_REQUESTS_PER_TENANT", 1_000_000),
-            max_files_per_tenant=_env_int("PAGEDBATCH_MAX_FILES_PER_TENANT", 10_000),
-            max_file_bytes_per_tenant=_env_int("PAGEDBATCH_MAX_FILE_BYTES_PER_TENANT", 100 * 1024**3),
-            limit_retry_after_s=_env_int("PAGEDBATCH_LIMIT_RETRY_AFTER_S", 30),
-            max_stop_strings=_env_int("PAGEDBATCH_MAX_STOP_STRINGS", 16),
-            max_stop_chars=_env_int("PAGEDBATCH_MAX_STOP_CHARS", 1000),
-            max_request_output_tokens=_env_int("PAGEDBATCH_MAX_REQUEST_OUTPUT_TOKENS", 1 << 18),
-            max_concurrent_validations=_env_int("PAGEDBATCH_MAX_CONCURRENT_VALIDATIONS", 2),
-            key_cache_s=float(env.get("PAGEDBATCH_KEY_CACHE_S", "5")),
-            storage_retry_max_s=float(env.get("PAGEDBATCH_STORAGE_RETRY_MAX_S", "15")),
-            storage_give_up_s=float(env.get("PAGEDBATCH_STORAGE_GIVE_UP_S", str(24 * 3600))),
-            storage_min_free_bytes=_env_int("PAGEDBATCH_STORAGE_MIN_FREE_BYTES", 512 * 1024**2),
+            **{name: getattr(env, name) for name in plain},
+            storage_url=env.storage_url or str(home_dir() / "storage"),
+            models=parse_models(env.models),
+            special_tokens_in_content=[m for m in env.special_tokens_in_content.split(",") if m.strip()],
         )
         for key, value in overrides.items():
             if value is not None:
@@ -124,6 +117,9 @@ class Settings:
             "PAGEDBATCH_MAX_UPLOAD_BYTES": str(self.max_upload_bytes),
             "PAGEDBATCH_MAX_LINES": str(self.max_lines),
             "PAGEDBATCH_SHARD_SIZE": str(self.shard_size),
+            "PAGEDBATCH_PLAN_PREFIXES": "1" if self.plan_prefixes else "0",
+            "PAGEDBATCH_PLAN_BLOCK_SIZE": str(self.plan_block_size),
+            "PAGEDBATCH_PLAN_WINDOW_LINES": str(self.plan_window_lines),
             "PAGEDBATCH_BROKER_PREFIX": self.broker_prefix,
             "PAGEDBATCH_QUEUE_PREFIX": self.queue_prefix,
             "PAGEDBATCH_CANCEL_POLL_S": str(self.cancel_poll_s),
@@ -140,6 +136,16 @@ class Settings:
             "PAGEDBATCH_STORAGE_RETRY_MAX_S": str(self.storage_retry_max_s),
             "PAGEDBATCH_STORAGE_GIVE_UP_S": str(self.storage_give_up_s),
             "PAGEDBATCH_STORAGE_MIN_FREE_BYTES": str(self.storage_min_free_bytes),
+            "PAGEDBATCH_MAX_UPLOAD_PART_BYTES": str(self.max_upload_part_bytes),
+            "PAGEDBATCH_MAX_UPLOAD_PARTS": str(self.max_upload_parts),
+            "PAGEDBATCH_UPLOAD_EXPIRES_S": str(self.upload_expires_s),
+            "PAGEDBATCH_WEBHOOK_ALLOW_LOOPBACK": "1" if self.webhook_allow_loopback else "0",
+            "PAGEDBATCH_WEBHOOK_ALLOW_PRIVATE": "1" if self.webhook_allow_private else "0",
+            "PAGEDBATCH_WEBHOOK_MAX_ATTEMPTS": str(self.webhook_max_attempts),
+            "PAGEDBATCH_WEBHOOK_RETRY_BASE_S": str(self.webhook_retry_base_s),
+            "PAGEDBATCH_WEBHOOK_TIMEOUT_S": str(self.webhook_timeout_s),
+            "PAGEDBATCH_WEBHOOK_POLL_S": str(self.webhook_poll_s),
+            "PAGEDBATCH_WEBHOOK_CONCURRENCY": str(self.webhook_concurrency),
         }
 
     def request_bounds(self, *, openai: bool) -> RequestBounds:

@@ -7,13 +7,25 @@ import random
 
 _EDGE = ["", " ", ".", "a", "?!", "\t\n", "🙂", "ok"]
 _PIECES = [
-    "The quick brown fox jumps over the lazy dog.", "Paged attention stores the KV cache in blocks.",
-    "日本語の文章を埋め込みます。", "今天天气很好，我们去公园散步吧。", "Привет, как дела? Всё хорошо.",
-    "مرحبا بكم في عالم البرمجة", "नमस्ते, आप कैसे हैं?", "Γειά σου Κόσμε", "안녕하세요, 반갑습니다.",
-    "שלום עולם", "Ça va très bien, merci beaucoup!", "Größe, Straße und Übermaß.", "3.14159 + 2.71828 = 5.85987",
-    "e-mail: someone@example.com, url: https://example.org/path?q=1", "UPPER lower MiXeD CaSe",
-    "Large language models generate text one token at a time.", "¿Dónde está la biblioteca?",
-    "🙂🚀 emoji and text together 🎉", "<html><body>markup &amp; entities</body></html>",
+    "The quick brown fox jumps over the lazy dog.",
+    "Paged attention stores the KV cache in blocks.",
+    "日本語の文章を埋め込みます。",
+    "今天天气很好，我们去公园散步吧。",
+    "Привет, как дела? Всё хорошо.",
+    "مرحبا بكم في عالم البرمجة",
+    "नमस्ते, आप कैसे हैं?",
+    "Γειά σου Κόσμε",
+    "안녕하세요, 반갑습니다.",
+    "שלום עולם",
+    "Ça va très bien, merci beaucoup!",
+    "Größe, Straße und Übermaß.",
+    "3.14159 + 2.71828 = 5.85987",
+    "e-mail: someone@example.com, url: https://example.org/path?q=1",
+    "UPPER lower MiXeD CaSe",
+    "Large language models generate text one token at a time.",
+    "¿Dónde está la biblioteca?",
+    "🙂🚀 emoji and text together 🎉",
+    "<html><body>markup &amp; entities</body></html>",
 ]
 
 

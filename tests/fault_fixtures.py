@@ -128,7 +128,7 @@ class FaultHarness:
         self.tmp = Path(tempfile.mkdtemp(prefix="pagedbatch-faults-"))
         self.pg = PrivatePostgres(self.tmp)
         self.redis = PrivateRedis(self.tmp)
-        from engine.tiny import write_tiny_model
+        from engine.testing.tiny import write_tiny_model
         from pagedbatch.embedded import create_database
 
         create_database(self.pg.admin_url, "pagedbatch")
@@ -139,6 +139,7 @@ class FaultHarness:
             storage_url=str(self.tmp / "storage"),
             models={MODEL: self.model_path},
             shard_size=4,
+            plan_window_lines=1,  # shards written as validated, as these tests expect
             queue_prefix="faults",
             cancel_poll_s=0.1,
             # unlimited: limits are not what these tests are about
@@ -162,15 +163,22 @@ class FaultHarness:
     # ---- workers ----------------------------------------------------------------------------
 
     def start_worker(
-        self, concurrency: int = 2, timeout: float = 120, engine_factory: str | None = None, role: str = "both",
+        self,
+        concurrency: int = 2,
+        timeout: float = 120,
+        engine_factory: str | None = None,
+        role: str = "both",
+        extra_args: tuple[str, ...] = (),
         **env: str,
     ) -> Worker:
-        """A worker process; `engine_factory` (e.g. "tests.doubles:slow_engine"), `role` and `env` configure it."""
+        """A worker process; `engine_factory` (e.g. "tests.doubles:slow_engine"), `role`, more command-line
+        `extra_args` and `env` configure it."""
         log = self.tmp / f"worker-{len(self.workers)}.log"
         cmd = [sys.executable, "-m", "pagedbatch", "worker", "--model", f"{MODEL}={self.model_path}"]
         cmd += [f"--concurrency={concurrency}", "--loglevel=info", "--device=cpu", f"--role={role}"]
         if engine_factory:
             cmd.append(f"--engine-factory={engine_factory}")
+        cmd += extra_args
         worker = Worker(spawn(cmd, log, cwd=REPO, env=self.env(**env)), log)
         self.workers.append(worker)
         deadline = time.monotonic() + timeout

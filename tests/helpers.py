@@ -44,19 +44,21 @@ def make_prompts(seed: int, count: int = 16, vocab: int = 512, shared_prefixes: 
 _reference_cache: dict = {}
 
 
-def reference(path, prompts, max_tokens):
-    """transformers greedy continuations, one prompt at a time (no padding), memoised."""
-    key = (str(path), tuple(map(tuple, prompts)), tuple(max_tokens))
+def reference(path, prompts, max_tokens, **load):
+    """transformers greedy continuations, one prompt at a time (no padding), memoised; `load`: more
+    from_pretrained arguments (e.g. a quantization_config)."""
+    key = (str(path), tuple(map(tuple, prompts)), tuple(max_tokens), repr(sorted(load.items())))
     if key not in _reference_cache:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **load).eval()
         model.generation_config.eos_token_id = None  # our side runs with ignore_eos
         outs = []
         for prompt, n in zip(prompts, max_tokens):
             ids = torch.tensor([prompt])
             with torch.no_grad():
-                out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                                     min_new_tokens=n, do_sample=False)
-            outs.append(out[0, len(prompt):].tolist())
+                out = model.generate(
+                    ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False
+                )
+            outs.append(out[0, len(prompt) :].tolist())
         _reference_cache[key] = outs
     return _reference_cache[key]
 
@@ -67,6 +69,51 @@ def assert_same(ours, expected):
 
 
 # ---- batch-file lines ---------------------------------------------------------------------------
+
+
+def assert_bf16_prompt_logprobs_close(path, llm) -> None:
+    """`llm` (bfloat16) against transformers' float32 on the same checkpoint: each prompt token's logprob
+    within 0.03 on average and within 0.1 at 95% of the positions (not all: bfloat16 rounding flips an
+    MoE router's choice at a few; transformers' own bfloat16 differs there from its float32 by up to 0.7)."""
+    from engine import SamplingParams
+
+    prompts = [p for p in make_prompts(seed=5, count=6)[0] if len(p) > 1]
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+    )
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    diffs = []
+    for out, prompt in zip(outs, prompts):
+        with torch.no_grad():
+            want = torch.log_softmax(model(torch.tensor([prompt])).logits[0].float(), -1)
+        got = [entry[tok].logprob for entry, tok in zip(out.prompt_logprobs[1:], prompt[1:])]
+        diffs += [abs(g - want[i, tok].item()) for i, (g, tok) in enumerate(zip(got, prompt[1:]))]
+    diffs = torch.tensor(diffs)
+    assert len(diffs) > 300
+    assert diffs.mean() < 0.03, diffs.mean()
+    assert (diffs > 0.1).float().mean() < 0.05, sorted(diffs.tolist())[-20:]
+
+
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hello!"},
+    {"role": "assistant", "content": "Hi."},
+    {"role": "user", "content": "How are you?"},
+]
+
+
+def chat_prompt_as_transformers(path, **llm_args) -> str:
+    """`LLM.chat` on `CONVERSATION` gives the prompt ids transformers' `apply_chat_template` gives; their text."""
+    from transformers import AutoTokenizer
+
+    from engine import LLM, SamplingParams
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    want = tokenizer.apply_chat_template(CONVERSATION, tokenize=True, add_generation_prompt=True)
+    want = list(want["input_ids"] if hasattr(want, "keys") else want)
+    out = LLM(str(path), **llm_args).chat(CONVERSATION, SamplingParams(temperature=0.0, max_tokens=2))[0]
+    assert out.prompt_token_ids == want
+    return tokenizer.decode(want)
 
 
 def chat_line(custom_id: str, content: str, max_tokens: int = 4, **body) -> dict:
@@ -115,6 +162,28 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout: float = 30, poll: float = 0.05, what="the condition"):
+    """Poll `predicate()` until it returns something truthy, and return that; TimeoutError after `timeout`
+    seconds. `what` names the wait in the error (a callable is called then, e.g. for a log's tail)."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout}s for {what() if callable(what) else what}")
+        time.sleep(poll)
+    return value
+
+
+def wait_for_log(proc, log: Path, text: str, timeout: float = 120) -> None:
+    """Wait until `text` appears in the log of `proc` (a process started by `spawn`); fail at once if it exits."""
+
+    def seen() -> bool:
+        tail = log.read_text(errors="replace") if log.exists() else ""
+        assert proc.poll() is None, f"exited with {proc.returncode} before {text!r}:\n{tail[-4000:]}"
+        return text in tail
+
+    wait_until(seen, timeout, 0.1, lambda: f"{text!r} in {log}:\n{log.read_text(errors='replace')[-4000:]}")
 
 
 def wait_for(get, statuses=("completed", "failed", "cancelled", "expired"), timeout: float = 120, poll=0.2):

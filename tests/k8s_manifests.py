@@ -41,10 +41,12 @@ def render(directory: Path) -> list[dict]:
 
 def find(objects: list[dict], kind: str, name: str | None = None, component: str | None = None) -> list[dict]:
     return [
-        o for o in objects
-        if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)
+        o
+        for o in objects
+        if o["kind"] == kind
+        and (name is None or o["metadata"]["name"] == name)
         and (component is None or o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == component)
-    ]  # fmt: skip
+    ]
 
 
 def one(objects: list[dict], kind: str, **kw) -> dict:
@@ -112,8 +114,12 @@ def expand(args: list[str], env: dict[str, str]) -> list[str]:
 
 
 _OBJECT = {"type": "object"}
-_NAME_REF = {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}},
-             "additionalProperties": False}  # fmt: skip
+_NAME_REF = {
+    "type": "object",
+    "required": ["name"],
+    "properties": {"name": {"type": "string"}},
+    "additionalProperties": False,
+}
 
 
 def _strict(properties: dict, required: list[str] = ()) -> dict:
@@ -121,54 +127,142 @@ def _strict(properties: dict, required: list[str] = ()) -> dict:
 
 
 def _resource(api_version: str, kind: str, spec: dict) -> dict:
-    metadata = _strict({"name": {"type": "string"}, "namespace": {"type": "string"}, "labels": _OBJECT,
-                        "annotations": _OBJECT}, ["name"])  # fmt: skip
-    return _strict({"apiVersion": {"const": api_version}, "kind": {"const": kind}, "metadata": metadata,
-                    "spec": spec}, ["apiVersion", "kind", "metadata", "spec"])  # fmt: skip
+    metadata = _strict(
+        {"name": {"type": "string"}, "namespace": {"type": "string"}, "labels": _OBJECT, "annotations": _OBJECT},
+        ["name"],
+    )
+    return _strict(
+        {"apiVersion": {"const": api_version}, "kind": {"const": kind}, "metadata": metadata, "spec": spec},
+        ["apiVersion", "kind", "metadata", "spec"],
+    )
 
 
 _STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
-_HPA_POLICY = _strict({"type": {"enum": ["Pods", "Percent"]}, "value": {"type": "integer", "minimum": 1},
-                       "periodSeconds": {"type": "integer", "minimum": 1, "maximum": 1800}},
-                      ["type", "value", "periodSeconds"])  # fmt: skip
-_HPA_RULES = _strict({"stabilizationWindowSeconds": {"type": "integer", "minimum": 0, "maximum": 3600},
-                      "selectPolicy": {"enum": ["Max", "Min", "Disabled"]},
-                      "policies": {"type": "array", "items": _HPA_POLICY}})  # fmt: skip
-_REDIS_METADATA = _strict({
-    "listName": {"type": "string", "minLength": 1}, "listLength": {"type": "string", "pattern": "^[0-9]+$"},
-    "activationListLength": {"type": "string", "pattern": "^[0-9]+$"},
-    "databaseIndex": {"type": "string", "pattern": "^[0-9]+$"}, "enableTLS": {"enum": ["true", "false"]},
-    "address": {"type": "string"}, "addressFromEnv": {"type": "string"}, "passwordFromEnv": {"type": "string"},
-}, ["listName", "listLength"])  # fmt: skip
+_HPA_POLICY = _strict(
+    {
+        "type": {"enum": ["Pods", "Percent"]},
+        "value": {"type": "integer", "minimum": 1},
+        "periodSeconds": {"type": "integer", "minimum": 1, "maximum": 1800},
+    },
+    ["type", "value", "periodSeconds"],
+)
+_HPA_RULES = _strict(
+    {
+        "stabilizationWindowSeconds": {"type": "integer", "minimum": 0, "maximum": 3600},
+        "selectPolicy": {"enum": ["Max", "Min", "Disabled"]},
+        "policies": {"type": "array", "items": _HPA_POLICY},
+    }
+)
+_REDIS_METADATA = _strict(
+    {
+        "listName": {"type": "string", "minLength": 1},
+        "listLength": {"type": "string", "pattern": "^[0-9]+$"},
+        "activationListLength": {"type": "string", "pattern": "^[0-9]+$"},
+        "databaseIndex": {"type": "string", "pattern": "^[0-9]+$"},
+        "enableTLS": {"enum": ["true", "false"]},
+        "address": {"type": "string"},
+        "addressFromEnv": {"type": "string"},
+        "passwordFromEnv": {"type": "string"},
+    },
+    ["listName", "listLength"],
+)
 
 # keda.sh/v1alpha1 ScaledObject and TriggerAuthentication (https://keda.sh/docs/latest/reference/scaledobject-spec/,
 # .../concepts/authentication/, .../scalers/redis-lists/), the fields this project uses
 CRD_SCHEMAS = {
-    ("keda.sh/v1alpha1", "ScaledObject"): _resource("keda.sh/v1alpha1", "ScaledObject", _strict({
-        "scaleTargetRef": _strict({"name": {"type": "string"}, "kind": {"type": "string"},
-                                   "apiVersion": {"type": "string"}}, ["name"]),
-        "minReplicaCount": {"type": "integer", "minimum": 0}, "maxReplicaCount": {"type": "integer", "minimum": 1},
-        "pollingInterval": {"type": "integer", "minimum": 1}, "cooldownPeriod": {"type": "integer", "minimum": 0},
-        "advanced": _strict({"horizontalPodAutoscalerConfig": _strict({"behavior": _strict(
-            {"scaleDown": _HPA_RULES, "scaleUp": _HPA_RULES})})}),
-        "triggers": {"type": "array", "minItems": 1, "items": _strict({
-            "type": {"const": "redis"}, "metadata": _REDIS_METADATA, "authenticationRef": _NAME_REF,
-        }, ["type", "metadata"])},
-    }, ["scaleTargetRef", "triggers"])),
-    ("keda.sh/v1alpha1", "TriggerAuthentication"): _resource("keda.sh/v1alpha1", "TriggerAuthentication", _strict({
-        "secretTargetRef": {"type": "array", "minItems": 1, "items": _strict({
-            "parameter": {"enum": ["address", "host", "port", "username", "password", "tls", "ca", "cert", "key"]},
-            "name": {"type": "string"}, "key": {"type": "string"}}, ["parameter", "name", "key"])},
-    }, ["secretTargetRef"])),
+    ("keda.sh/v1alpha1", "ScaledObject"): _resource(
+        "keda.sh/v1alpha1",
+        "ScaledObject",
+        _strict(
+            {
+                "scaleTargetRef": _strict(
+                    {"name": {"type": "string"}, "kind": {"type": "string"}, "apiVersion": {"type": "string"}}, ["name"]
+                ),
+                "minReplicaCount": {"type": "integer", "minimum": 0},
+                "maxReplicaCount": {"type": "integer", "minimum": 1},
+                "pollingInterval": {"type": "integer", "minimum": 1},
+                "cooldownPeriod": {"type": "integer", "minimum": 0},
+                "advanced": _strict(
+                    {
+                        "horizontalPodAutoscalerConfig": _strict(
+                            {"behavior": _strict({"scaleDown": _HPA_RULES, "scaleUp": _HPA_RULES})}
+                        )
+                    }
+                ),
+                "triggers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": _strict(
+                        {
+                            "type": {"const": "redis"},
+                            "metadata": _REDIS_METADATA,
+                            "authenticationRef": _NAME_REF,
+                        },
+                        ["type", "metadata"],
+                    ),
+                },
+            },
+            ["scaleTargetRef", "triggers"],
+        ),
+    ),
+    ("keda.sh/v1alpha1", "TriggerAuthentication"): _resource(
+        "keda.sh/v1alpha1",
+        "TriggerAuthentication",
+        _strict(
+            {
+                "secretTargetRef": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": _strict(
+                        {
+                            "parameter": {
+                                "enum": ["address", "host", "port", "username", "password", "tls", "ca", "cert", "key"]
+                            },
+                            "name": {"type": "string"},
+                            "key": {"type": "string"},
+                        },
+                        ["parameter", "name", "key"],
+                    ),
+                },
+            },
+            ["secretTargetRef"],
+        ),
+    ),
     # monitoring.coreos.com/v1 (https://prometheus-operator.dev/docs/api-reference/api/)
-    ("monitoring.coreos.com/v1", "ServiceMonitor"): _resource("monitoring.coreos.com/v1", "ServiceMonitor", _strict({
-        "selector": _strict({"matchLabels": _STRING_MAP}, ["matchLabels"]),
-        "endpoints": {"type": "array", "minItems": 1, "items": _strict({
-            "port": {"type": "string"}, "path": {"type": "string"}, "interval": {"type": "string"}}, ["port"])},
-    }, ["selector", "endpoints"])),
-    ("monitoring.coreos.com/v1", "PodMonitor"): _resource("monitoring.coreos.com/v1", "PodMonitor", _strict({
-        "selector": _strict({"matchLabels": _STRING_MAP}, ["matchLabels"]),
-        "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": _strict({
-            "port": {"type": "string"}, "path": {"type": "string"}, "interval": {"type": "string"}}, ["port"])},
-    }, ["selector", "podMetricsEndpoints"])),
-}  # fmt: skip
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): _resource(
+        "monitoring.coreos.com/v1",
+        "ServiceMonitor",
+        _strict(
+            {
+                "selector": _strict({"matchLabels": _STRING_MAP}, ["matchLabels"]),
+                "endpoints": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": _strict(
+                        {"port": {"type": "string"}, "path": {"type": "string"}, "interval": {"type": "string"}},
+                        ["port"],
+                    ),
+                },
+            },
+            ["selector", "endpoints"],
+        ),
+    ),
+    ("monitoring.coreos.com/v1", "PodMonitor"): _resource(
+        "monitoring.coreos.com/v1",
+        "PodMonitor",
+        _strict(
+            {
+                "selector": _strict({"matchLabels": _STRING_MAP}, ["matchLabels"]),
+                "podMetricsEndpoints": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": _strict(
+                        {"port": {"type": "string"}, "path": {"type": "string"}, "interval": {"type": "string"}},
+                        ["port"],
+                    ),
+                },
+            },
+            ["selector", "podMetricsEndpoints"],
+        ),
+    ),
+}

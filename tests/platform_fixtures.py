@@ -59,7 +59,7 @@ class Harness:
         token = secrets.token_hex(4)
         self.db_name = f"pagedbatch_test_{token}"
         create_database(self.admin_url, self.db_name)
-        from engine.tiny import write_tiny_model
+        from engine.testing.tiny import write_tiny_model
 
         self.model_path = str(write_tiny_model(self.tmp / "tiny-model", arch="qwen3"))
         self.settings = Settings(
@@ -68,12 +68,15 @@ class Harness:
             storage_url=str(self.tmp / "storage"),
             models={MODEL: self.model_path},
             shard_size=8,
+            plan_window_lines=1,  # shards written as validated (planned a shard at a time); plan tests widen it
             broker_prefix=f"pbtest-{token}:",
             queue_prefix=f"pbtest-{token}",
             cancel_poll_s=0.1,
             # tests leave many jobs unfinished (queues nobody serves); limits are tested with their own
             max_active_jobs_per_tenant=0,
             max_queued_requests_per_tenant=0,
+            webhook_allow_loopback=True,  # like `serve`, the test platform serves its own machine (receivers on it)
+            webhook_retry_base_s=0.5,
         )
         from migrations import upgrade
 
@@ -222,4 +225,3 @@ def worker(platform) -> Harness:
 @pytest.fixture(scope="session")
 def live_url(platform) -> str:
     return platform.start_server()
-

@@ -20,10 +20,14 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade", "expect"}
-SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
-             b"<Message>Please reduce your request rate.</Message></Error>")  # fmt: skip
-INTERNAL = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>InternalError</Code>'
-            b"<Message>We encountered an internal error.</Message></Error>")  # fmt: skip
+SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+INTERNAL = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>InternalError</Code>'
+    b"<Message>We encountered an internal error.</Message></Error>"
+)
 
 
 class FaultyS3Proxy:
@@ -149,8 +153,9 @@ class _Handler(BaseHTTPRequestHandler):
             response = upstream.getresponse()
             data = response.read()
             kept = {k: v for k, v in response.getheaders() if k.lower() not in HOP_HEADERS | {"content-length"}}
-            self._answer(response.status, data, kept, head=self.command == "HEAD",
-                         length=response.getheader("Content-Length"))  # fmt: skip
+            self._answer(
+                response.status, data, kept, head=self.command == "HEAD", length=response.getheader("Content-Length")
+            )
         finally:
             upstream.close()
 

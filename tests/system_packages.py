@@ -31,9 +31,9 @@ NEEDS: list[tuple[str, Callable[[], bool], str]] = [
     ("python3-venv", lambda: importlib.util.find_spec("ensurepip") is not None, "python3 -m venv"),
     ("g++", lambda: bool(shutil.which("c++") or shutil.which("g++")), "the native CPU kernels, inductor"),
     ("python3-dev", _python_headers, "inductor's C++ kernels (Python.h)"),
-    ("nginx", _nginx, "tests/test_nginx_proxy.py"),
-    ("chromium", lambda: os.access("/usr/bin/chromium", os.X_OK), "tests/test_platform_ui.py"),
-    ("chromium-driver", lambda: os.access("/usr/bin/chromedriver", os.X_OK), "tests/test_platform_ui.py"),
+    ("nginx", _nginx, "tests/deploy/test_nginx_proxy.py"),
+    ("chromium", lambda: os.access("/usr/bin/chromium", os.X_OK), "tests/platform/test_ui.py"),
+    ("chromium-driver", lambda: os.access("/usr/bin/chromedriver", os.X_OK), "tests/platform/test_ui.py"),
 ]
 
 
@@ -60,13 +60,18 @@ def main(needs=None, run=subprocess.run) -> int:
     names = " ".join(packages)
     prefix = installer()
     if prefix is None:
-        print(f"tests: missing system packages: {names}; install them first, e.g. "
-              f"'sudo apt-get install -y {names}', then run this again", file=sys.stderr)
+        print(
+            f"tests: missing system packages: {names}; install them first, e.g. "
+            f"'sudo apt-get install -y {names}', then run this again",
+            file=sys.stderr,
+        )
         return 1
     print(f"tests: installing the system packages the tests need: {names}", file=sys.stderr)
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "--no-install-recommends",
-                                                     *packages]):
+    for command in (
+        ["apt-get", "update", "-qq"],
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages],
+    ):
         if run([*prefix, *command], env=env).returncode != 0:
             print(f"tests: '{' '.join(command)}' failed; install {names} by hand", file=sys.stderr)
             return 1

@@ -21,14 +21,15 @@ from tests.helpers import REPO
 ANYTHING = None
 # package -> the first-party packages it may import (besides itself)
 MAY_IMPORT: dict[str, set[str] | None] = {
-    "pagedbatch_kernels": set(),
-    "engine": {"pagedbatch_kernels"},
-    "batchfile": {"engine"},  # only engine modules that load no torch, checked below
-    "store": {"batchfile"},
-    "broker": {"store"},
-    "api": {"store", "batchfile", "broker"},
-    "workers": {"engine", "store", "batchfile", "broker"},
-    "migrations": {"store"},
+    "settings": set(),  # every environment variable, read here only; any package may import it
+    "pagedbatch_kernels": {"settings"},
+    "engine": {"pagedbatch_kernels", "settings"},
+    "batchfile": {"engine", "settings"},  # only engine modules that load no torch, checked below
+    "store": {"batchfile", "settings"},
+    "broker": {"store", "settings"},
+    "api": {"store", "batchfile", "broker", "settings"},
+    "workers": {"engine", "store", "batchfile", "broker", "settings"},
+    "migrations": {"store", "settings"},
     "pagedbatch": ANYTHING,
     "examples": ANYTHING,
 }
@@ -38,6 +39,7 @@ QUEUE = {"celery", "kombu", "redis"}
 DATABASE = {"sqlalchemy", "alembic", "psycopg"}
 # package -> third-party libraries it must not import
 MUST_NOT_IMPORT: dict[str, set[str]] = {
+    "settings": GPU | WEB | QUEUE | DATABASE | {"transformers"},
     "pagedbatch_kernels": WEB | QUEUE | DATABASE | {"transformers"},
     "engine": WEB | QUEUE | DATABASE,
     "batchfile": GPU | WEB | QUEUE | DATABASE,
@@ -48,6 +50,7 @@ MUST_NOT_IMPORT: dict[str, set[str]] = {
     "migrations": GPU | WEB | QUEUE,
 }
 MAX_LINES = 400
+MAX_MODULES_PER_FOLDER = 15
 SKIPPED_DIRS = {"tests", "bench"}
 
 
@@ -216,13 +219,17 @@ def test_packages_import_only_what_they_may():
         if source == target or allowed is ANYTHING:
             continue
         if target not in allowed:
-            problems.append(f"{imp.where()} {imp.source} imports {imp.target}: {source} may import "
-                            f"{sorted(allowed) or 'no other first-party package'}")
+            problems.append(
+                f"{imp.where()} {imp.source} imports {imp.target}: {source} may import "
+                f"{sorted(allowed) or 'no other first-party package'}"
+            )
         elif source == "batchfile" and target == "engine":
             heavy = {lib: chain for lib, chain in loads_on_import(imp.target).items() if lib in GPU}
             for lib, chain in heavy.items():
-                problems.append(f"{imp.where()} {imp.source} imports {imp.target}, which loads {lib} "
-                                f"(through {' -> '.join(chain)}); batchfile may use only engine's torch-free modules")
+                problems.append(
+                    f"{imp.where()} {imp.source} imports {imp.target}, which loads {lib} "
+                    f"(through {' -> '.join(chain)}); batchfile may use only engine's torch-free modules"
+                )
     assert not problems, _report("imports across packages that the layout forbids", problems)
 
 
@@ -303,6 +310,17 @@ def test_no_module_over_400_lines():
     assert not problems, _report(f"modules over {MAX_LINES} lines", problems)
 
 
+def test_no_folder_over_15_modules():
+    """A room a reader can take in: every first-party package folder keeps at most 15 modules (__init__ counted)."""
+    per_folder: dict[str, int] = {}
+    for rel in modules().values():
+        folder = rel.rpartition("/")[0]
+        per_folder[folder] = per_folder.get(folder, 0) + 1
+    assert {"engine", "workers", "store", "api", "pagedbatch"} <= set(per_folder), sorted(per_folder)
+    problems = [f"{folder}/: {n} modules" for folder, n in per_folder.items() if n > MAX_MODULES_PER_FOLDER]
+    assert not problems, _report(f"folders over {MAX_MODULES_PER_FOLDER} modules", problems)
+
+
 # ---- what an import really loads ----------------------------------------------------------------
 
 WATCH = r"""
@@ -345,7 +363,10 @@ def test_importing_loads_nothing_it_must_not(name):
     targets = targets()
     done = subprocess.run(
         [sys.executable, "-c", WATCH, ",".join(targets), ",".join(sorted(banned)), str(REPO)],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     loaded = json.loads(done.stdout.strip().splitlines()[-1])

@@ -6,7 +6,7 @@ import logging
 import threading
 from collections import defaultdict
 
-from store.cancel import cancelling_jobs
+from store.lifecycle.cancel import cancelling_jobs
 from store.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class CancelWatcher:
                 continue
             try:
                 cancelled = cancelling_jobs(self.settings, job_ids)
-            except Exception:  # noqa: BLE001 - a database hiccup must not kill the watcher
+            except Exception:  # a database hiccup must not kill the watcher
                 log.exception("polling for cancelled jobs failed")
                 continue
             for job_id in cancelled:

@@ -11,8 +11,8 @@ import logging
 import threading
 from collections.abc import Callable
 
+from store.lifecycle.shards import renew_leases
 from store.settings import Settings
-from store.shards import renew_leases
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class LeaseKeeper:
                 continue
             try:
                 lost = renew_leases(self.settings, held, self.lease_s)
-            except Exception:  # noqa: BLE001 - the database is away: try again; the lease may run out
+            except Exception:  # the database is away: try again; the lease may run out
                 log.warning("renewing %d shard leases failed", len(held), exc_info=True)
                 continue
             for shard_id in lost:

@@ -4,10 +4,11 @@ one generation request; an embeddings line is one pooling request holding all of
 from __future__ import annotations
 
 from batchfile.request import SCORING_URLS, ParsedRequest
-from engine.pooling_params import PoolingParams
+from engine.params.pooling_params import PoolingParams
 from store.results.embedding_rows import embedding_row
 from store.results.rows import completed_row
 from store.results.score_rows import score_row
+from workers.host import lora_adapters
 
 
 def engine_request(request_id: str, req: ParsedRequest) -> tuple:
@@ -16,14 +17,22 @@ def engine_request(request_id: str, req: ParsedRequest) -> tuple:
         options = req.embedding_options
         if options["mode"] == "cross":
             types = options.get("token_type_ids") or [None] * len(req.inputs)
-            prompts = [{"prompt_token_ids": ids, **({"token_type_ids": t} if t else {})}
-                       for ids, t in zip(req.inputs, types)]
+            prompts = [
+                {"prompt_token_ids": ids, **({"token_type_ids": t} if t else {})} for ids, t in zip(req.inputs, types)
+            ]
             return request_id, prompts, PoolingParams(task="score")
         return request_id, [{"prompt_token_ids": ids} for ids in req.inputs], PoolingParams()
     if req.inputs is not None:
         dimensions = (req.embedding_options or {}).get("dimensions")
         return request_id, [{"prompt_token_ids": ids} for ids in req.inputs], PoolingParams(dimensions=dimensions)
-    return request_id, {"prompt_token_ids": req.prompt_token_ids}, req.sampling_params
+    if req.images:  # expanded and tokenized by the engine as the model's processor does; URLs fetched here
+        prompt = {"prompt": req.prompt_text, "add_special_tokens": False, "multi_modal_data": {"image": req.images}}
+    else:
+        prompt = {"prompt_token_ids": req.prompt_token_ids}
+    lora = lora_adapters.request_for(req.model)
+    if lora is not None:  # a line naming a LoRA adapter: the base model runs it with the adapter
+        prompt["lora_request"] = lora
+    return request_id, prompt, req.sampling_params
 
 
 def add_to_engine(engine, request_id: str, req: ParsedRequest) -> None:

@@ -10,7 +10,7 @@ the engine loads.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,9 @@ from batchfile.parser import parse_requests
 from batchfile.request import ParsedRequest
 from store.results.parquet import count_table, write_results
 from store.results.rows import error_row, request_failed_row, rows_to_table
+from workers.host import lora_adapters
 from workers.line_requests import add_to_engine, result_row
+from workers.progress_bar import RequestBar
 
 
 class NoRequests(ValueError):
@@ -51,6 +53,7 @@ def run_offline(
     model_name: str | None = None,
     max_in_flight: int = 1024,
     llm=None,
+    loras: dict[str, str] | None = None,
 ) -> OfflineSummary:
     """Run every request of `input_path` (OpenAI batch JSONL) on the model at `model_path`.
 
@@ -59,6 +62,8 @@ def run_offline(
     ``engine.LLM(model=model_path, ...)``; pass `llm` to reuse an engine already loaded.
     `defaults`: body fields for lines that lack them (e.g. ``{"max_tokens": 256}``).
     `output_path`: a local path or an fsspec URL; written atomically when everything is done.
+    `loras`: LoRA adapters ({name: directory}; the engine needs enable_lora): a line whose body.model names
+    one runs with it, a line with no body.model on the model itself, any other name is a line error.
     """
     started = time.time()
     check_has_requests(input_path, model_path, defaults=defaults, model_name=model_name)
@@ -68,12 +73,17 @@ def run_offline(
         llm = LLM(model=str(model_path), **(engine_kwargs or {}))
     engine = llm.llm_engine
     limits = _limits(engine, model_path, model_name)
+    models = limits
+    lora_adapters.configure(loras or {})
+    if loras:  # lines name the model or an adapter; those naming none run on the model
+        models = {limits.name: limits, **{n: replace(limits, name=n, base_model=limits.name) for n in loras}}
+        defaults = {"model": limits.name, **(defaults or {})}
     with open(input_path, "rb") as f:
         total = count_lines(f).lines
     bar = _progress_bar(total, progress)
     try:
         with open(input_path, "rb") as f:
-            rows = _drive(engine, parse_requests(f, limits, defaults=defaults), limits, started, bar, max_in_flight)
+            rows = _drive(engine, parse_requests(f, models, defaults=defaults), limits, started, bar, max_in_flight)
     finally:
         bar.close()
 
@@ -118,9 +128,8 @@ def check_has_requests(input_path, model_path, *, defaults=None, model_name: str
 def _limits(engine, model_path, model_name: str | None) -> ModelLimits:
     """The model's limits, with the context capped where the engine was configured shorter."""
     limits = ModelLimits.from_dir(model_path, name=model_name or Path(model_path).resolve().name)
-    max_model_len = getattr(engine, "max_model_len", None)
-    if max_model_len is not None and max_model_len < limits.max_model_len:
-        limits = ModelLimits.from_dir(model_path, name=limits.name, max_model_len=max_model_len)
+    if engine.max_model_len < limits.max_model_len:
+        limits = ModelLimits.from_dir(model_path, name=limits.name, max_model_len=engine.max_model_len)
     return limits
 
 
@@ -132,15 +141,14 @@ def _drive(engine, items, limits: ModelLimits, started: float, bar, max_in_fligh
     def finish(outputs) -> None:
         now = time.time()
         for out in outputs:
-            if not getattr(out, "finished", True) or out.request_id not in in_flight:
+            if not out.finished or out.request_id not in in_flight:
                 continue
             request, submitted = in_flight.pop(out.request_id)
             rows.append(
-                result_row(
-                    request, out, tokenizer=limits, created_at=started, started_at=submitted, finished_at=now
-                )
+                result_row(request, out, tokenizer=limits, created_at=started, started_at=submitted, finished_at=now)
             )
-            bar.update(1)
+            completions = out.outputs if isinstance(out.outputs, list) else ()  # a pooling output has one vector
+            bar.update(1, tokens=sum(len(c.token_ids) for c in completions))
 
     try:
         for item in items:
@@ -152,7 +160,7 @@ def _drive(engine, items, limits: ModelLimits, started: float, bar, max_in_fligh
             try:
                 add_to_engine(engine, request_id, item)
             except ValueError as e:  # the engine's own limits (e.g. its KV pool) refuse it
-                rows.append(_failed(item, "engine_rejected", str(e), started))
+                rows.append(_failed(item, getattr(e, "code", "engine_rejected"), str(e), started))
                 bar.update(1)
                 continue
             in_flight[request_id] = (item, time.time())
@@ -173,7 +181,5 @@ def _failed(request: ParsedRequest, code: str, message: str, started: float) -> 
     return request_failed_row(request, code, message, created_at=started, finished_at=time.time())
 
 
-def _progress_bar(total: int, enabled: bool):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="requests", unit="req", disable=not enabled, dynamic_ncols=True)
+def _progress_bar(total: int, enabled: bool) -> RequestBar:
+    return RequestBar(total, enabled)

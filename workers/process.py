@@ -8,13 +8,16 @@ import sys
 from collections.abc import Callable
 
 from engine import LLMEngine
+from settings import export, is_set
+from store.filestore.storage_health import StorageCollector
 from store.settings import Settings
-from store.storage_health import StorageCollector
-from workers import disagg, tasks
+from workers import tasks
 from workers.cancel import CancelWatcher
 from workers.celery_app import make_celery
-from workers.engine_host import EngineHost
-from workers.metrics import WorkerMetrics
+from workers.disagg import roles as disagg
+from workers.host import lora_adapters
+from workers.host.engine_host import EngineHost
+from workers.metrics.series import WorkerMetrics
 from workers.priority import BOOKKEEPING_NICE, lower_this_thread
 from workers.registration import Heartbeat, registration_for
 
@@ -23,7 +26,8 @@ def load_engine_factory(spec: str | None) -> Callable[..., object]:
     """`module:callable` -> that callable; None -> `engine.LLMEngine`.
 
     The callable gets LLMEngine's keyword arguments (model=..., device=..., ...) and returns an
-    engine: LLMEngine itself, a subclass, or any object with the same step API.
+    engine: LLMEngine itself, a subclass, or any object that satisfies `engine.core.contract.StepEngine`
+    (the host checks it when the engine is built).
     """
     if not spec:
         return LLMEngine
@@ -63,10 +67,16 @@ def run_worker(
     metrics_port: int | None = None,
     role: str = "both",
     drain_s: float = 0.0,
+    loras: dict[str, str] | None = None,
 ) -> None:
     """Serve `model_name`'s queue with one engine loaded from `model_path`, until SIGTERM or SIGINT
-    (`role`: see workers.disagg; a prefill worker serves decode workers instead of the queue; `drain_s`:
-    how long running shards may finish after SIGTERM before they are handed back, see `tasks.on_shutdown`)."""
+    (`role`: see workers.disagg.roles; a prefill worker serves decode workers instead of the queue; `drain_s`:
+    how long running shards may finish after SIGTERM before they are handed back, see `tasks.on_shutdown`;
+    `loras`: {name: directory} of the LoRA adapters served over the model, lines name them as their model)."""
+    lora_adapters.configure(loras or {})
+    # pagedbatch_kernels.startup: ready for shards at once, the kernels compiled when the engine is first idle
+    if not is_set("PAGEDBATCH_STARTUP"):
+        export("PAGEDBATCH_STARTUP", "deferred")
     factory = load_engine_factory(engine_factory)
     host = EngineHost(lambda: factory(model=model_path, **engine_kwargs))
     if bookkeeping_nice:  # every thread started from here on yields to the engine's
@@ -87,9 +97,14 @@ def run_worker(
     watcher = CancelWatcher(settings, host)
     tasks.configure(settings, host, watcher, metrics, drain_s=drain_s)
     registration = registration_for(
-        model_name, model_path, max_model_len=engine_kwargs.get("max_model_len"), metrics_port=metrics_port
+        model_name,
+        model_path,
+        max_model_len=engine_kwargs.get("max_model_len"),
+        metrics_port=metrics_port,
+        adapters=loras,
     )
-    heartbeat = Heartbeat(settings, registration)  # /v1/models lists this model while it beats
+    # /v1/models lists this model while it beats; each beat publishes the measured step rates (quotes, ETAs)
+    heartbeat = Heartbeat(settings, registration, throughput=host.rates.snapshot)
     queue = settings.queue_for(model_name)
     print(
         f"pagedbatch worker: model {model_name} from {model_path}, queue {queue}, role {role}, "

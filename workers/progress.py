@@ -11,9 +11,9 @@ import dataclasses
 import logging
 import threading
 
+from store.lifecycle.shards import report_progress
 from store.results.parquet import ResultCounts
 from store.settings import Settings
-from store.shards import report_progress
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class ProgressBoard:
         for progress, counts in due:
             try:
                 report_progress(progress.settings, progress.shard_id, progress.attempt, counts)
-            except Exception:  # noqa: BLE001 - progress is a hint; the part holds the truth
+            except Exception:  # progress is a hint; the part holds the truth
                 log.warning("shard %s: progress not recorded", progress.shard_id, exc_info=True)
 
 

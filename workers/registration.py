@@ -10,9 +10,9 @@ import socket
 import threading
 from pathlib import Path
 
-from engine.encoder_config import ENCODER_ARCHITECTURES, EncoderConfig, encoder_architecture
-from engine.model_info import context_length, read_config
-from engine.sentence_transformers_config import default_runner
+from engine.hf.encoder_config import ENCODER_ARCHITECTURES, EncoderConfig, encoder_architecture
+from engine.hf.model_info import context_length, read_config
+from engine.hf.sentence_transformers_config import default_runner
 from store import models_registry
 from store.models_registry import Registration
 from store.settings import Settings
@@ -34,9 +34,15 @@ def endpoints_of(model_path: str, config: dict) -> tuple[str, ...]:
 
 
 def registration_for(
-    model_name: str, model_path: str, *, max_model_len: int | None, metrics_port: int | None
+    model_name: str,
+    model_path: str,
+    *,
+    max_model_len: int | None,
+    metrics_port: int | None,
+    adapters: dict[str, str] | None = None,
 ) -> Registration:
-    """This process's registration: its Celery-style name, the model's path and context length."""
+    """This process's registration: its Celery-style name, the model's path and context length, its LoRA
+    adapters."""
     hostname = socket.gethostname()
     config = read_config(model_path)
     if encoder_architecture(config):  # RoBERTa's positions start past the padding id
@@ -52,20 +58,24 @@ def registration_for(
         hostname=hostname,
         pid=os.getpid(),
         metrics_port=metrics_port,
+        adapters=tuple(sorted((adapters or {}).items())),
     )
 
 
 class Heartbeat:
     """Registers `registration` now and renews it every `interval_s` until `close`."""
 
-    def __init__(self, settings: Settings, registration: Registration, interval_s: float | None = None):
+    def __init__(
+        self, settings: Settings, registration: Registration, interval_s: float | None = None, throughput=None
+    ):
         self.settings = settings
         self.registration = registration
+        self.throughput = throughput  # a callable: the measured step rates each beat publishes
         self.interval_s = interval_s or models_registry.heartbeat_s()
         self._stop = threading.Event()
         try:
             models_registry.register(settings, registration)
-        except Exception:  # noqa: BLE001 - the heartbeat thread registers it once the database answers
+        except Exception:  # the heartbeat thread registers it once the database answers
             log.warning("could not register %s; will retry", registration.worker, exc_info=True)
         self._thread = threading.Thread(target=self._run, name="registry-heartbeat", daemon=True)
         self._thread.start()
@@ -73,9 +83,10 @@ class Heartbeat:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                if not models_registry.heartbeat(self.settings, self.registration.worker):
+                rates = self.throughput() if self.throughput is not None else None
+                if not models_registry.heartbeat(self.settings, self.registration.worker, rates):
                     models_registry.register(self.settings, self.registration)  # someone removed our row
-            except Exception:  # noqa: BLE001 - the database may be down for a while; keep beating
+            except Exception:  # the database may be down for a while; keep beating
                 log.warning("registry heartbeat failed; retrying in %.0fs", self.interval_s, exc_info=True)
 
     def close(self) -> None:
@@ -83,5 +94,5 @@ class Heartbeat:
         self._thread.join(timeout=5)
         try:
             models_registry.unregister(self.settings, self.registration.worker)
-        except Exception:  # noqa: BLE001 - its heartbeat goes stale instead
+        except Exception:  # its heartbeat goes stale instead
             log.warning("could not unregister %s", self.registration.worker, exc_info=True)

@@ -2,7 +2,7 @@
 
 The part is written atomically before the shard is marked done, and the task is acknowledged
 only after that (late acks), so a redelivered shard overwrites its part instead of adding to it.
-The shard is leased in the database (`store.shards.claim_shard`) and the lease renewed while it runs
+The shard is leased in the database (`store.lifecycle.shards.claim_shard`) and the lease renewed while it runs
 (`workers.leases`): a redelivery while it runs is skipped, a worker that dies loses the shard to the
 sweeper, and an attempt that lost its lease writes nothing. A worker shutting down (`drain`) aborts its
 unfinished shards and hands them back; with a drain timeout it first stops taking shards (`stop_taking`) and
@@ -23,16 +23,16 @@ from sqlalchemy.exc import DBAPIError
 
 from batchfile.shard_input import decode_request
 from broker.queue import enqueue_shards
-from store.cancel import stop_reason
-from store.finalize import maybe_finalize
+from store.filestore.storage import get_storage
+from store.filestore.storage_faults import classify, health, retrying
+from store.filestore.storage_waits import WAITING, record_failure
+from store.lifecycle.cancel import stop_reason
+from store.lifecycle.finalize import maybe_finalize
+from store.lifecycle.shards import claim_shard, finish_shard, owns_shard, release_shard, split_shard, storage_release
 from store.results.parquet import count_results
 from store.results.parts import results_store
 from store.results.rows import cancelled_row, expired_row, request_failed_row
 from store.settings import Settings
-from store.shards import claim_shard, finish_shard, owns_shard, release_shard, split_shard, storage_release
-from store.storage import get_storage
-from store.storage_faults import classify, health, retrying
-from store.storage_waits import WAITING, record_failure
 from workers import leases
 from workers.line_requests import engine_request, result_row
 from workers.progress import board as progress_board
@@ -116,8 +116,11 @@ class _Attempt:
         self.done.put(request_id)
 
     def times(self, request_id: str, created_at) -> dict:
-        return {"created_at": created_at, "started_at": self.started.get(request_id),
-                "finished_at": self.finished.get(request_id)}  # fmt: skip
+        return {
+            "created_at": created_at,
+            "started_at": self.started.get(request_id),
+            "finished_at": self.finished.get(request_id),
+        }
 
 
 def run_shard(settings: Settings, host, watcher, shard_id: str) -> str:
@@ -137,8 +140,15 @@ def run_shard(settings: Settings, host, watcher, shard_id: str) -> str:
         if classify(exc) is None:
             raise
         release = storage_release(shard_id, claim.attempt)
-        outcome = with_db_retry(record_failure, settings, claim.job_id, exc, "writing a shard's results",
-                                "writing results will retry", release)  # fmt: skip
+        outcome = with_db_retry(
+            record_failure,
+            settings,
+            claim.job_id,
+            exc,
+            "writing a shard's results",
+            "writing results will retry",
+            release,
+        )
         return STORAGE_WAIT if outcome == WAITING else STORAGE_FAILED
 
 
@@ -180,12 +190,18 @@ def _bisect_or_fail(settings: Settings, shard_id: str, claim, recovery: Recovery
         lines = [line if line.endswith(b"\n") else line + b"\n" for line in f if line.strip()]
     if len(lines) > 1:
         half = len(lines) // 2
-        new = with_db_retry(split_shard, settings, shard_id, claim.attempt, [lines[:half], lines[half:]],
-                            recovery.requeue_s)  # fmt: skip
+        new = with_db_retry(
+            split_shard, settings, shard_id, claim.attempt, [lines[:half], lines[half:]], recovery.requeue_s
+        )
         if new is None:
             return LOST
-        log.error("shard %s: %d attempts used up; split its %d requests into %s", shard_id, claim.attempt - 1,
-                  len(lines), ", ".join(sid for sid, _ in new))  # fmt: skip
+        log.error(
+            "shard %s: %d attempts used up; split its %d requests into %s",
+            shard_id,
+            claim.attempt - 1,
+            len(lines),
+            ", ".join(sid for sid, _ in new),
+        )
         results_store(settings).open_part(claim.job_id, shard_id).discard_with_leftovers()  # dead attempts' files
         enqueue_shards(settings, new)
         return SPLIT
@@ -212,13 +228,13 @@ def _run_and_write(settings: Settings, host, watcher, shard_id: str, claim, requ
         return RELEASED
     make_row = expired_row if reason == "expired" else cancelled_row  # never ran, or aborted
     for request_id in stopped:
-        part.add(make_row(attempt.requests[request_id], shard_id=shard_id,
-                          **attempt.times(request_id, claim.job_created_at)))  # fmt: skip
+        part.add(
+            make_row(attempt.requests[request_id], shard_id=shard_id, **attempt.times(request_id, claim.job_created_at))
+        )
     return DONE
 
 
-def _run_in_engine(settings: Settings, host, watcher, shard_id: str, claim, requests, lease_s: float,
-                   part) -> _Attempt:  # fmt: skip
+def _run_in_engine(settings: Settings, host, watcher, shard_id: str, claim, requests, lease_s: float, part) -> _Attempt:
     """Submit the shard's requests (unless the job is stopping) under a held lease; write each one's row."""
     request_ids = [f"{shard_id}/{claim.attempt}/{req.line}" for req in requests]
     attempt = _Attempt(request_ids, dict(zip(request_ids, requests)))
@@ -239,7 +255,13 @@ def _run_in_engine(settings: Settings, host, watcher, shard_id: str, claim, requ
             # no name for the list of futures: each output must go as soon as its row is written
             for request_id, future in zip(
                 attempt.request_ids,
-                host.submit_many(batch, tenant=claim.tenant, weight=claim.tenant_weight, priority=claim.priority),
+                host.submit_many(
+                    batch,
+                    tenant=claim.tenant,
+                    weight=claim.tenant_weight,
+                    priority=claim.priority,
+                    deadline=claim.deadline,
+                ),
             ):
                 attempt.started[request_id] = now
                 attempt.futures[request_id] = future

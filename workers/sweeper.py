@@ -2,7 +2,7 @@
 
 Every worker runs a `Sweeper` thread. Each sweep, idempotent and safe to run from many processes:
 
-1. expires jobs past their completion window (`store.cancel.expire_job`);
+1. expires jobs past their completion window (`store.lifecycle.cancel.expire_job`);
 2. takes back running shards whose lease ran out (their worker died or hung): queued again and re-sent,
    or, when their job is being cancelled or expired, marked cancelled so the finalizer writes their rows;
 3. re-sends queued shards whose broker message may be lost (Redis restarted without persistence, or the
@@ -12,13 +12,13 @@ Every worker runs a `Sweeper` thread. Each sweep, idempotent and safe to run fro
 4. finalizes jobs whose shards are all finished but whose finalizer never ran, died, or gave its claim back
    after a failure (once its backoff, `Job.retry_at`, is over);
 5. resumes the validation of jobs whose validator died with its API process (or gave its claim back);
-6. sends again the shards whose writer failed on the storage, once their backoff (`Shard.retry_at`) is over.
+6. sends again the shards whose writer failed on the storage, once their backoff (`Shard.retry_at`) is over;
+7. expires uploads in parts not completed in time, deleting their parts (`store.filestore.uploads.expire_uploads`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import random
 import socket
 import threading
@@ -31,9 +31,12 @@ from functools import partial
 from sqlalchemy import exists, select, update
 
 from broker.queue import enqueue_shards, queue_size
-from store.cancel import expire_job
+from settings import WorkerSettings, current
 from store.db import session_scope
-from store.finalize import maybe_finalize
+from store.filestore.uploads import expire_uploads
+from store.lifecycle.cancel import expire_job
+from store.lifecycle.finalize import maybe_finalize
+from store.lifecycle.validating import claim_validation, run_validation, stale_validations
 from store.models import (
     CANCELLING,
     FINALIZING,
@@ -47,7 +50,6 @@ from store.models import (
     utcnow,
 )
 from store.settings import Settings
-from store.validating import claim_validation, run_validation, stale_validations
 
 log = logging.getLogger(__name__)
 WORKER_ID = socket.gethostname()
@@ -65,12 +67,9 @@ class Recovery:
 
     @classmethod
     def from_env(cls) -> Recovery:
-        env = os.environ
+        env = current(WorkerSettings)
         return cls(
-            lease_s=float(env.get("PAGEDBATCH_LEASE_S") or cls.lease_s),
-            sweep_s=float(env.get("PAGEDBATCH_SWEEP_S") or cls.sweep_s),
-            requeue_s=float(env.get("PAGEDBATCH_REQUEUE_S") or cls.requeue_s),
-            max_attempts=int(env.get("PAGEDBATCH_MAX_SHARD_ATTEMPTS") or cls.max_attempts),
+            lease_s=env.lease_s, sweep_s=env.sweep_s, requeue_s=env.requeue_s, max_attempts=env.max_shard_attempts
         )
 
 
@@ -83,6 +82,7 @@ def sweep(settings: Settings, recovery: Recovery) -> dict[str, int]:
         "finalized": _finalize_finished_jobs(settings),
         "resumed_validations": _resume_stale_validations(settings),
         "storage_retries": _retry_storage_waits(settings, recovery),
+        "expired_uploads": expire_uploads(settings),
     }
 
 
@@ -107,8 +107,9 @@ def _take_back_expired_leases(settings: Settings, recovery: Recovery) -> int:
             .with_for_update(of=Shard, skip_locked=True)
         ).all()
         for shard, job_status, job_expired_at in rows:
-            log.warning("shard %s: lease of %s (attempt %d) ran out; taking it back", shard.id, shard.worker,
-                        shard.attempts)  # fmt: skip
+            log.warning(
+                "shard %s: lease of %s (attempt %d) ran out; taking it back", shard.id, shard.worker, shard.attempts
+            )
             shard.worker = None
             if job_status == CANCELLING or job_expired_at is not None:
                 shard.status, shard.finished_at, shard.lease_until = SHARD_CANCELLED, now, None
@@ -190,7 +191,7 @@ _resuming = threading.BoundedSemaphore(1)  # validations this process resumes at
 
 def _resume_stale_validations(settings: Settings) -> int:
     """Jobs whose validator died (its API process stopped) and whose model this worker knows: validated on,
-    one at a time, on a thread of this process (`store.validating` skips the lines already committed). The
+    one at a time, on a thread of this process (`store.lifecycle.validating` skips the lines already committed). The
     API processes resume them too, those of every model (`api.validations`)."""
     started = 0
     for job_id in stale_validations(settings, models=list(settings.models), limit=1):
@@ -227,7 +228,7 @@ class Sweeper:
         while not self._stop.wait(self.recovery.sweep_s * random.uniform(0.75, 1.25)):
             try:
                 acted = sweep(self.settings, self.recovery)
-            except Exception:  # noqa: BLE001 - the database or broker is down: try again next time
+            except Exception:  # the database or broker is down: try again next time
                 log.warning("sweep failed", exc_info=True)
                 continue
             if any(acted.values()):

@@ -14,6 +14,7 @@ from store.logs import log_context
 from store.stats import tenant_of
 from workers import shard_runner
 from workers.sweeper import Sweeper
+from workers.webhook_sender import WebhookSender
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,7 @@ def configure(settings, host, watcher, metrics=None, drain_s: float = 0.0) -> No
     _state.update(settings=settings, host=host, watcher=watcher, metrics=metrics, drain_s=drain_s)
     if "sweeper" not in _state:
         _state["sweeper"] = Sweeper(settings)
+        _state["webhook_sender"] = WebhookSender(settings)
 
 
 def on_shutdown(how: str = "Warm") -> None:
@@ -42,6 +44,9 @@ def on_shutdown(how: str = "Warm") -> None:
     sweeper = _state.pop("sweeper", None)
     if sweeper is not None:
         sweeper.close()
+    sender = _state.pop("webhook_sender", None)
+    if sender is not None:
+        sender.close()
     if host is None:
         return
     if how == "Warm" and drain_s > 0 and not shard_runner.closing.is_set():
@@ -106,7 +111,7 @@ def _log_ids(shard_id: str) -> dict:
     job_id = shard_runner.job_of(shard_id)
     try:
         tenant = tenant_of(_state["settings"], job_id)
-    except Exception:  # noqa: BLE001 - the shard runner retries the database; logging does not wait for it
+    except Exception:  # the shard runner retries the database; logging does not wait for it
         tenant = None
     return {"job_id": job_id, "shard_id": shard_id, "tenant": tenant}
 

@@ -2,26 +2,34 @@
 
 from __future__ import annotations
 
+import tempfile
+
 from flask import Blueprint, jsonify, request
 
 from api.auth import current_tenant
 from api.errors import ApiError
-from api.inputs import JobListQuery, JobOptions, ResultsQuery
-from api.objects import JobList
+from api.inputs import JobListQuery, JobOptions, JobUpload, ResultsQuery
+from api.objects import JobList, JobQuote
+from api.objects_uploads import ResultLines
 from api.platform import settings, validate_in_background
 from api.routes.params import declared, priority_param, query, reject_nul_bytes
 from api.routes.responses import cached_job_body, send_fs, send_lines, send_object, send_stored
 from api.routes.uploads import check_content_length, upload_chunks, upload_filename
-from api.serializers import job_object, page
-from store import cancel, files, jobs
+from api.serializers import job_object, page, quote_object
+from store.filestore import files
+from store.filestore.paths import errors_key, output_key
+from store.lifecycle import cancel, jobs
+from store.lifecycle.progress import job_progress
+from store.lifecycle.quotes import quote_file
+from store.lifecycle.validating import model_limits
 from store.models import TERMINAL_STATUSES
-from store.paths import errors_key, output_key
-from store.progress import job_progress
+from store.results.live import lines_after
 from store.results.parts import results_store
 
 bp = Blueprint("jobs", __name__)
 bp.before_request(reject_nul_bytes)
 
+QUOTE_SPOOL_IN_MEMORY = 8 * 1024 * 1024  # a quoted file above this waits on disk while it is planned
 NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/json-lines", "text/plain")
 
 
@@ -41,6 +49,13 @@ def create_job():
         if upload is None:
             raise ApiError(400, "missing multipart field 'file'", param="file")
         fields = request.form
+        # a misspelt option would otherwise be dropped without a word (the document closes the form); the /ui form
+        # calls this view too, with its CSRF field
+        unknown = sorted((set(fields) | set(request.files)) - set(JobUpload.model_fields))
+        if unknown and request.path == "/v1/jobs":
+            raise ApiError(
+                400, f"unknown multipart fields: {unknown}; this form takes {sorted(JobUpload.model_fields)}"
+            )
         chunks, filename = upload_chunks(upload.stream), upload_filename(upload)
     elif request.mimetype in NDJSON_TYPES:
         fields = request.args
@@ -54,6 +69,8 @@ def create_job():
     options = declared(JobOptions, fields) if fields is not request.args else query_options
     if "model" not in options:
         raise ApiError(400, "model is required", param="model")
+    if options.get("dry_run") == "true":
+        return send_object(_quote(cfg, chunks, options))
     input_file = files.store_upload(cfg, chunks, tenant=tenant, filename=filename, purpose="batch", for_job=True)
     job, owner = jobs.create_job(
         cfg,
@@ -67,6 +84,29 @@ def create_job():
     )
     validate_in_background(job.id, owner)
     return send_object(_job(job), 201)
+
+
+def _quote(cfg, chunks, options) -> JobQuote:
+    """The file validated and planned in a temporary spool, priced, then forgotten."""
+    model = options["model"]
+    with tempfile.SpooledTemporaryFile(max_size=QUOTE_SPOOL_IN_MEMORY) as spool:
+        size = 0
+        for chunk in chunks:
+            size += len(chunk)
+            if size > cfg.max_upload_bytes:
+                raise ApiError(413, f"the file is larger than {cfg.max_upload_bytes} bytes")
+            spool.write(chunk)
+        spool.seek(0)
+        found = quote_file(
+            cfg,
+            spool,
+            model_limits(cfg, model),  # an unknown model: a 400
+            model,
+            endpoint=None,
+            defaults=options.get("defaults"),
+            bounds=cfg.request_bounds(openai=False),
+        )
+    return quote_object(model, found)
 
 
 @bp.get("/v1/jobs")
@@ -90,9 +130,14 @@ def cancel_job(job_id: str):
 
 @bp.get("/v1/jobs/<job_id>/results")
 def get_results(job_id: str):
-    """Parquet by default; ?format=jsonl for OpenAI-style output lines."""
-    fmt = query(ResultsQuery).format
+    """Parquet by default; ?format=jsonl for OpenAI-style output lines; ?after=CURSOR for the lines completed so
+    far, running or not (a JSON page with the next cursor)."""
+    params = query(ResultsQuery)
+    fmt = params.format
     job = jobs.get_job(settings(), current_tenant(), job_id)
+    if params.after is not None:
+        lines, cursor, more = lines_after(settings(), job.id, params.after, params.limit)
+        return send_object(ResultLines(data=lines, next_cursor=cursor, has_more=more, job_status=job.status))
     if job.status not in TERMINAL_STATUSES:
         raise ApiError(409, f"job {job_id} is {job.status}; results are ready when it finishes", code="not_ready")
     if fmt == "parquet":

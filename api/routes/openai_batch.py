@@ -25,9 +25,10 @@ from api.routes.params import (
 from api.routes.responses import cached_job_body, send_object, send_stored
 from api.routes.uploads import check_content_length, upload_chunks, upload_filename
 from api.serializers import batch_object, file_object, page
-from store import cancel, files, jobs
 from store.errors import NotFound
-from store.progress import job_progress
+from store.filestore import files
+from store.lifecycle import cancel, jobs
+from store.lifecycle.progress import job_progress
 
 bp = Blueprint("openai_batch", __name__)
 bp.before_request(reject_nul_bytes)

@@ -13,9 +13,9 @@ from flask import Response, jsonify
 from api.errors import ApiError
 from api.objects import ApiObject
 from api.platform import settings
+from store.filestore.storage import get_storage
+from store.lifecycle.progress import Progress, get_job_and_progress
 from store.models import TERMINAL_STATUSES, Job
-from store.progress import Progress, get_job_and_progress
-from store.storage import get_storage
 
 READ_CHUNK = 1 << 20
 

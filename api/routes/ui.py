@@ -11,8 +11,9 @@ from api.serializers import job_object
 from api.ui import TEMPLATES
 from api.ui.session import check_csrf, csrf_token, load_user, sign_in, sign_out
 from broker.queue import queue_size
-from store import jobs, models_registry, stats, throughput
-from store.progress import job_progress
+from store import models_registry, stats, throughput
+from store.lifecycle import jobs
+from store.lifecycle.progress import job_progress
 
 bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder=TEMPLATES)
 OPEN_ENDPOINTS = ("ui.login", "ui.login_form")
@@ -82,8 +83,12 @@ def _jobs_payload() -> dict:
         "tenant": g.tenant,
         "jobs": rows,
         "throughput": [
-            {"t": int(m.start.timestamp()), "prompt_tokens": m.prompt_tokens,
-             "completion_tokens": m.completion_tokens, "requests": m.requests}
+            {
+                "t": int(m.start.timestamp()),
+                "prompt_tokens": m.prompt_tokens,
+                "completion_tokens": m.completion_tokens,
+                "requests": m.requests,
+            }
             for m in series
         ],
     }
@@ -103,7 +108,7 @@ def jobs_json():
 def _queue_depth(model: str) -> int | None:
     try:
         return queue_size(settings(), model)
-    except Exception:  # noqa: BLE001 - the page still shows the rest when Redis is down
+    except Exception:  # the page still shows the rest when Redis is down
         return None
 
 
@@ -116,6 +121,9 @@ def admin():
     models = sorted(set(models_registry.model_paths(cfg)))
     queues = [(m, cfg.queue_for(m), _queue_depth(m), sum(w.model == m for w in workers)) for m in models]
     return render_template(
-        "admin.html", workers=workers, queues=queues, by_status=stats.jobs_by_status(cfg),
+        "admin.html",
+        workers=workers,
+        queues=queues,
+        by_status=stats.jobs_by_status(cfg),
         running=models_registry.running_models(cfg),
     )

@@ -5,13 +5,13 @@ Admins are the tenants named in PAGEDBATCH_ADMIN_TENANTS (default "admin")."""
 from __future__ import annotations
 
 import hmac
-import os
 import secrets
 
 from flask import abort, g, request, session
 from sqlalchemy import select
 
 from api.platform import settings
+from settings import ApiSettings, current
 from store.db import session_scope
 from store.keys import hash_key
 from store.models import ApiKey
@@ -20,7 +20,7 @@ CSRF_FIELD, CSRF_HEADER = "csrf_token", "X-CSRF-Token"
 
 
 def admin_tenants() -> set[str]:
-    return {t.strip() for t in (os.environ.get("PAGEDBATCH_ADMIN_TENANTS") or "admin").split(",") if t.strip()}
+    return {t.strip() for t in current(ApiSettings).admin_tenants.split(",") if t.strip()}
 
 
 def tenant_of_hash(key_hash: str) -> str | None:

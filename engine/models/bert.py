@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.encoder_config import EncoderConfig
-from engine.models.encoder_attention import PackedBatch, activation, packed_attention
+from engine.hf.encoder_config import EncoderConfig
+from engine.models.encoder_attention import PackedBatch, activation, dense_act, dense_add, packed_attention
 
 
 class BertEmbeddings(nn.Module):
@@ -36,7 +36,7 @@ class BertAttention(nn.Module):
 
     def forward(self, x, batch: PackedBatch):
         ctx = packed_attention(self.qkv(x).view(-1, 3, self.num_heads, self.head_dim), batch, self.head_dim**-0.5)
-        return self.output.LayerNorm(x + self.output.dense(ctx))
+        return self.output.LayerNorm(dense_add(self.output.dense, ctx, x))
 
 
 class BertLayer(nn.Module):
@@ -48,11 +48,13 @@ class BertLayer(nn.Module):
         self.output = nn.Module()
         self.output.dense = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
         self.output.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
-        self.act = activation(cfg.hidden_act)
+        activation(cfg.hidden_act)  # an unsupported one fails at load
+        self.hidden_act = cfg.hidden_act
 
     def forward(self, x, batch: PackedBatch):
         x = self.attention(x, batch)
-        return self.output.LayerNorm(x + self.output.dense(self.act(self.intermediate.dense(x))))
+        hidden = dense_act(self.intermediate.dense, x, self.hidden_act)
+        return self.output.LayerNorm(dense_add(self.output.dense, hidden, x))
 
 
 class BertEncoderModel(nn.Module):
@@ -103,7 +105,7 @@ class BertEncoderModel(nn.Module):
         for a weight this model does not use (a base model's pooler, an MLM head, position ids)."""
         for prefix in ("bert.", "roberta."):
             if name.startswith(prefix):
-                name = name[len(prefix):]
+                name = name[len(prefix) :]
         name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
         if name.startswith(("cls.", "lm_head.")) or name.endswith(("position_ids", "token_type_ids")):
             return None

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from engine.runner.cpu_linear import PackedLinear
+
 BUCKET_WASTE = 0.25  # at most this share of a bucket's attention rows are padding
 
 
@@ -21,8 +23,7 @@ class _Bucket:
     count: int
     gather: torch.Tensor | None  # [count * length] rows of the packed tokens (padding: row 0); None: one sequence
     start: int  # one sequence: its first row
-    rows: torch.Tensor | None  # the real rows' positions in the bucket's [count * length] layout
-    targets: torch.Tensor | None  # and where they go in the packed output
+    scatter: torch.Tensor | None  # where each of the [count * length] rows goes in the output (padding: a spare row)
     key_mask: torch.Tensor | None  # [count, 1, 1, length] boolean: a real key
 
 
@@ -57,15 +58,15 @@ class PackedBatch:
     def _bucket(self, group: list[int]) -> _Bucket:
         length = self.lengths[group[0]]
         if len(group) == 1:
-            return _Bucket(length, 1, None, self.starts[group[0]], None, None, None)
+            return _Bucket(length, 1, None, self.starts[group[0]], None, None)
         offsets = torch.arange(length)
         lengths = torch.tensor([self.lengths[i] for i in group])
         starts = torch.tensor([self.starts[i] for i in group])
         real = offsets[None, :] < lengths[:, None]
         gather = torch.where(real, starts[:, None] + offsets[None, :], 0).reshape(-1)
-        rows = real.reshape(-1).nonzero().squeeze(1)
+        scatter = torch.where(real, starts[:, None] + offsets[None, :], self.num_tokens).reshape(-1)
         key_mask = None if bool(real.all()) else real[:, None, None, :]
-        return _Bucket(length, len(group), gather, 0, rows, gather[rows], key_mask)
+        return _Bucket(length, len(group), gather, 0, scatter, key_mask)
 
     @property
     def num_tokens(self) -> int:
@@ -82,13 +83,14 @@ class PackedBatch:
     def to(self, device) -> PackedBatch:
         for b in self.buckets:
             if b.gather is not None:
-                b.gather, b.rows, b.targets = b.gather.to(device), b.rows.to(device), b.targets.to(device)
+                b.gather, b.scatter = b.gather.to(device), b.scatter.to(device)
                 b.key_mask = None if b.key_mask is None else b.key_mask.to(device)
         return self
 
 
-def packed_attention(qkv: torch.Tensor, batch: PackedBatch, scale: float, window: int | None = None,
-                     rotate=None) -> torch.Tensor:
+def packed_attention(
+    qkv: torch.Tensor, batch: PackedBatch, scale: float, window: int | None = None, rotate=None
+) -> torch.Tensor:
     """qkv: [tokens, 3, heads, head_dim] -> [tokens, heads * head_dim]. `rotate(q, k)`: rotary
     positions applied to the packed queries and keys first."""
     tokens, _, heads, dim = qkv.shape
@@ -96,24 +98,29 @@ def packed_attention(qkv: torch.Tensor, batch: PackedBatch, scale: float, window
     if rotate is not None:
         q, k = rotate(q, k)
         qkv = torch.stack((q, k, v), dim=1)
-    out = q.new_empty((tokens, heads, dim))
+    out = q.new_empty((tokens + 1, heads, dim))  # the last row: where padding rows' outputs are dropped
     for b in batch.buckets:
         n = b.length
         band = batch.band(n, window, q.device) if window is not None and n - 1 > window else None
         if b.gather is None:
             sl = slice(b.start, b.start + n)
-            o = F.scaled_dot_product_attention(q[sl].transpose(0, 1)[None], k[sl].transpose(0, 1)[None],
-                                               v[sl].transpose(0, 1)[None], attn_mask=band, scale=scale)
+            o = F.scaled_dot_product_attention(
+                q[sl].transpose(0, 1)[None],
+                k[sl].transpose(0, 1)[None],
+                v[sl].transpose(0, 1)[None],
+                attn_mask=band,
+                scale=scale,
+            )
             out[sl] = o[0].transpose(0, 1)
             continue
-        qs, ks, vs = qkv.index_select(0, b.gather).view(b.count, n, 3, heads, dim).transpose(1, 3).unbind(2)
+        rows = qkv.reshape(tokens, 3 * heads * dim).index_select(0, b.gather)
+        qs, ks, vs = rows.view(b.count, n, 3, heads, dim).transpose(1, 3).unbind(2)
         mask = b.key_mask
         if band is not None:
             mask = band if mask is None else mask & band
         o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale)
-        o = o.transpose(1, 2).reshape(b.count * n, heads, dim)
-        out.index_copy_(0, b.targets, o.index_select(0, b.rows))
-    return out.view(tokens, heads * dim)
+        out.index_copy_(0, b.scatter, o.transpose(1, 2).reshape(b.count * n, heads, dim))
+    return out[:tokens].view(tokens, heads * dim)
 
 
 def activation(name: str):
@@ -127,3 +134,20 @@ def activation(name: str):
     if name == "silu":
         return F.silu
     raise ValueError(f"unsupported activation {name!r}")
+
+
+_GELU = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}  # activation -> F.gelu's approximate
+
+
+def dense_act(linear, x: torch.Tensor, name: str) -> torch.Tensor:
+    """`activation(name)(linear(x))`; a GELU after a oneDNN-packed layer runs inside its GEMM."""
+    if isinstance(linear, PackedLinear) and name in _GELU:
+        return linear.forward_gelu(x, _GELU[name])
+    return activation(name)(linear(x))
+
+
+def dense_add(linear, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """`residual + linear(x)`; after a oneDNN-packed layer the sum runs inside its GEMM."""
+    if isinstance(linear, PackedLinear):
+        return linear.forward_add(x, residual)
+    return residual + linear(x)

@@ -2,8 +2,9 @@
 QKV bias (Qwen2), q/k RMSNorm per head (Qwen3, Gemma 3) or over the whole projection (OLMo 2), tied
 embeddings, any GQA ratio, per-layer sliding windows (Mistral, Gemma 2/3, Phi-3) and RoPE tables
 (Gemma 3's local layers), soft-capped scores and logits (Gemma 2), a configurable attention scale,
-partial rotary (Phi-3/4), GELU-tanh MLPs and scaled embeddings (Gemma), norms before (Llama), around
-(Gemma) or after (OLMo 2) each block, Granite's residual and logits multipliers.
+partial rotary (Phi-3/4), attention sinks (gpt-oss), GELU-tanh MLPs and scaled embeddings (Gemma),
+norms before (Llama), around (Gemma) or after (OLMo 2) each block, Granite's residual and logits
+multipliers.
 
 Q, K and V are one fused projection, as are gate and up; the loader packs the
 checkpoint's separate weights into them.
@@ -11,15 +12,17 @@ checkpoint's separate weights into them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.config import ModelConfig
+from engine.hf.config import ModelConfig
 from engine.models.rotary import cos_sin_cache
-from engine.ops import Ops
+from engine.multimodal.bidirectional import attend_within_images
+from engine.multimodal.mrope import mrope_cos_sin
+from engine.runner.ops import Ops
 
 
 @dataclass
@@ -38,6 +41,8 @@ class AttentionInputs:
     max_query_len: int | None = None
     max_seq_len: int | None = None
     attn_out: torch.Tensor | None = None  # [T, H, D] output buffer shared by every layer
+    image_spans: list | None = None  # Gemma 3: images attended both ways (engine.multimodal.bidirectional)
+    mrope_positions: torch.Tensor | None = None  # Qwen2.5-VL: [3, T] M-RoPE positions (engine.multimodal.mrope)
 
     def attention_kwargs(self) -> dict:
         hints = {"max_query_len": self.max_query_len, "max_seq_len": self.max_seq_len, "out": self.attn_out}
@@ -80,6 +85,8 @@ class Attention(nn.Module):
         self.local_rope = self.window is not None and cfg.local_rope is not None  # the model's local table
         kernel = {"window": self.window, "softcap": cfg.attn_softcap}
         self.kernel_args = {k: v for k, v in kernel.items() if v}  # plain layers pass none
+        # gpt-oss: a learned logit per head in every softmax's denominator (passed to the kernel per call)
+        self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if cfg.attn_sinks else None
 
     def project_qkv(self, x: torch.Tensor, positions, cos_sin: torch.Tensor):
         """Queries, keys and values of `x` ([tokens, heads, head_dim]), normed and rotated."""
@@ -110,9 +117,27 @@ class Attention(nn.Module):
         k_cache, v_cache = inputs.kv_caches[self.layer]
         self.ops.write_kv_cache(k, v, k_cache, v_cache, inputs.slot_mapping)
         out = self.ops.paged_attention(
-            q, k_cache, v_cache, inputs.block_tables, inputs.seq_lens, inputs.query_start_loc, self.scale,
-            **inputs.attention_kwargs(), **self.kernel_args,
+            q,
+            k_cache,
+            v_cache,
+            inputs.block_tables,
+            inputs.seq_lens,
+            inputs.query_start_loc,
+            self.scale,
+            **inputs.attention_kwargs(),
+            **self.kernel_args,
+            **({} if self.sinks is None else {"sinks": self.sinks}),
         )
+        if inputs.image_spans:
+            out = attend_within_images(
+                out.view(tokens, self.num_heads, self.head_dim),
+                q,
+                k_cache,
+                v_cache,
+                inputs.image_spans,
+                self.scale,
+                self.window,
+            )
         return self.o_proj(out.reshape(tokens, self.q_size))
 
 
@@ -137,9 +162,11 @@ class DecoderLayer(nn.Module):
     norm) adds them. Layouts: `pre` norms each block's input (Llama); `sandwich` also norms each
     block's output (Gemma's pre/post feed-forward norms); `post` norms only the outputs (OLMo 2)."""
 
-    def __init__(self, cfg: ModelConfig, layer: int, ops: Ops, mlp: nn.Module | None = None):
+    def __init__(
+        self, cfg: ModelConfig, layer: int, ops: Ops, mlp: nn.Module | None = None, attention: nn.Module | None = None
+    ):
         super().__init__()
-        self.self_attn = Attention(cfg, layer, ops)
+        self.self_attn = Attention(cfg, layer, ops) if attention is None else attention
         self.mlp = MLP(cfg, ops) if mlp is None else mlp
         self.layout = cfg.norm_layout
         self.residual_multiplier = cfg.residual_multiplier
@@ -179,11 +206,15 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops: Ops, make_mlp=None):
+    def __init__(self, cfg: ModelConfig, ops: Ops, make_mlp=None, make_attention=None):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, ops, make_mlp and make_mlp(cfg, i, ops))
-                                    for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(
+                cfg, i, ops, make_mlp and make_mlp(cfg, i, ops), make_attention and make_attention(cfg, i, ops)
+            )
+            for i in range(cfg.num_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
 
 
@@ -201,7 +232,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: Ops):
         super().__init__()
         self.cfg = cfg
-        self.model = LlamaModel(cfg, ops, self.make_mlp)
+        self.model = LlamaModel(cfg, ops, self.make_mlp, self.make_attention)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -210,16 +241,30 @@ class LlamaForCausalLM(nn.Module):
         self.register_buffer("cos_sin", cache, persistent=False)
         if cfg.local_rope is not None:  # Gemma 3's sliding layers: a base (and scaling) of their own
             local = {k: v for k, v in cfg.local_rope.items() if k != "rope_theta"}
-            table = cos_sin_cache(rotary, cfg.max_model_len, cfg.local_rope["rope_theta"],
-                                  local if local.get("rope_type", "default") != "default" else None)
+            table = cos_sin_cache(
+                rotary,
+                cfg.max_model_len,
+                cfg.local_rope["rope_theta"],
+                local if local.get("rope_type", "default") != "default" else None,
+            )
             self.register_buffer("cos_sin_local", table, persistent=False)
-        # the lean pooling forward (engine.pooling_forward) knows the plain Llama block only
+        # the lean pooling forward (engine.pooling.forward) knows the plain Llama block only
         self.plain_llama = cfg.norm_layout == "pre" and not (
-            cfg.layer_windows or cfg.attn_softcap or cfg.final_softcap or cfg.embedding_scale
-            or cfg.residual_multiplier != 1.0 or cfg.logits_divisor != 1.0 or cfg.hidden_act != "silu"
-            or (cfg.rotary_dim or cfg.head_dim) != cfg.head_dim or cfg.qk_norm_scope != "head")
+            cfg.layer_windows
+            or cfg.attn_softcap
+            or cfg.final_softcap
+            or cfg.embedding_scale
+            or cfg.residual_multiplier != 1.0
+            or cfg.logits_divisor != 1.0
+            or cfg.hidden_act != "silu"
+            or (cfg.rotary_dim or cfg.head_dim) != cfg.head_dim
+            or cfg.qk_norm_scope != "head"
+            or cfg.mla is not None
+            or cfg.attn_sinks
+        )
 
     make_mlp = None  # subclasses: (cfg, layer, ops) -> a layer's MLP, or None for the dense one
+    make_attention = None  # subclasses: (cfg, layer, ops) -> a layer's attention (DeepSeek's latent one)
 
     def shard_sizes(self, packed_name: str) -> list[int]:
         cfg = self.cfg
@@ -228,15 +273,22 @@ class LlamaForCausalLM(nn.Module):
             return [cfg.num_heads * cfg.head_dim, kv, kv]
         return [cfg.intermediate_size, cfg.intermediate_size]
 
-    def forward(self, input_ids: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
-        """Hidden states of every token, [T, hidden]."""
+    def forward(self, input_ids: torch.Tensor, inputs: AttentionInputs, image_embeds=None) -> torch.Tensor:
+        """Hidden states of every token, [T, hidden]. `image_embeds`: (rows, embeddings) put in place of
+        those rows' token embeddings (an image's placeholders; engine.multimodal.step_embeds)."""
         x = self.model.embed_tokens(input_ids)
         scale = self.cfg.embedding_scale
         if scale is not None and scale != 1.0:
             x = x * (torch.tensor(scale, dtype=x.dtype) if self.cfg.embedding_scale_in_dtype else scale)
+        if image_embeds is not None:
+            x = x.index_copy(0, image_embeds[0], image_embeds[1].to(x.dtype))
         residual = None
+        table = self.cos_sin
+        if inputs.mrope_positions is not None:  # one rotary row per token, rotated by its row index
+            table = mrope_cos_sin(self.cos_sin, inputs.mrope_positions, self.cfg.mrope_section)
+            inputs = replace(inputs, positions=torch.arange(x.shape[0], device=x.device))
         for layer in self.model.layers:
-            cos_sin = self.cos_sin_local if layer.self_attn.local_rope else self.cos_sin
+            cos_sin = self.cos_sin_local if layer.self_attn.local_rope else table
             x, residual = layer(x, residual, cos_sin, inputs)
         x, _ = self.model.norm(x, residual)
         return x

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.encoder_config import EncoderConfig
+from engine.hf.encoder_config import EncoderConfig
 from engine.models.encoder_attention import PackedBatch, activation, packed_attention
 
 
@@ -108,7 +108,7 @@ class ModernBertEncoderModel(nn.Module):
 
     def checkpoint_name(self, name: str) -> tuple[str, int | None] | None:
         if name.startswith("model."):
-            name = name[len("model."):]
+            name = name[len("model.") :]
         if name.startswith(("decoder.", "head.")) and not self.cfg.classifier:
             return None  # the masked-LM head of a ModernBertForMaskedLM checkpoint
         return name, None

@@ -9,28 +9,29 @@ transformers 5 holds them: `gate_up_proj` [experts, 2 * intermediate, hidden] (g
 With the Triton kernel set the experts run in the fused kernel (`pagedbatch_kernels.fused_moe`: two
 grouped GEMM launches, no host read). Otherwise `grouped_experts` sorts the (token, choice) pairs by
 expert and runs one pair of matmuls per expert that has tokens: a Python loop over experts, never
-over tokens; on the CPU, small steps that fill most experts take `dense_experts` (every expert on
-every token, five calls). CUDA graphs stay off for MoE models for now (the fused path is graph-safe
-by construction but has not been run on a GPU here).
+over tokens; on the CPU, `padded_experts` runs every expert's rows at once in two batched matmuls
+over a zero-padded [experts, C, hidden] batch (where the padding stays small). CUDA graphs stay off
+for MoE models for now (the fused path is graph-safe by construction but has not been run on a GPU
+here).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.config import ModelConfig
+from engine.hf.config import ModelConfig
 from engine.models.llama import MLP
-from engine.ops import Ops
+from engine.runner.ops import Ops
+from settings import EngineSettings, value
 
 SERIAL_ROWS = 64  # on the CPU, experts' matmuls averaging fewer rows than this run on one thread
-DENSE_TOKENS = 64  # see use_dense
-MAX_DENSE_FACTOR = 8
+DENSE_TOKENS = 64  # on the CPU, blocks of at most this many tokens (decode steps) run on one thread
+PAD_FACTOR = 4  # padded_experts: at most this many times the rows the (token, choice) slots need
 
 
 def route(logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,9 +44,17 @@ def route(logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tens
     return weights, ids
 
 
-def grouped_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
-                    ids: torch.Tensor, silu_and_mul) -> torch.Tensor:
-    """sum_j weights[t, j] * expert_{ids[t, j]}(x[t]) for every token t, [T, hidden].
+def grouped_experts(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    silu_and_mul,
+    biases: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """sum_j weights[t, j] * expert_{ids[t, j]}(x[t]) for every token t, [T, hidden]; `silu_and_mul`
+    is the activation of the gate/up rows, `biases` (gpt-oss) the experts' gate/up and down biases.
 
     The T*k (token, choice) rows are sorted by expert (stable, so a token's rows keep their order),
     each expert's contiguous run goes through its gate/up and down projections in one matmul each,
@@ -62,7 +71,10 @@ def grouped_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, 
         for expert, count in enumerate(counts):
             if count:
                 end = start + count
-                out[start:end] = F.linear(silu_and_mul(F.linear(rows[start:end], gate_up[expert])), down[expert])
+                b1, b2 = (None, None) if biases is None else (biases[0][expert], biases[1][expert])
+                out[start:end] = F.linear(
+                    silu_and_mul(F.linear(rows[start:end], gate_up[expert], b1)), down[expert], b2
+                )
                 start = end
     scaled = out.float() * weights.reshape(-1).index_select(0, order).unsqueeze(1)
     total = torch.zeros(tokens, hidden, dtype=torch.float32, device=x.device)
@@ -70,27 +82,45 @@ def grouped_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, 
     return total.to(x.dtype)
 
 
-def dense_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
-                  ids: torch.Tensor, silu_and_mul) -> torch.Tensor:
-    """`grouped_experts` by running every expert on every token and weighting the unchosen by zero:
-    E/k times the arithmetic, in five calls whatever the number of experts. For the CPU's small
-    steps (decodes), where each call costs more than its arithmetic and most experts are chosen
-    by some token anyway (so every expert's weights are read either way)."""
+def padded_experts(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    silu_and_mul,
+    biases: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """`grouped_experts` as two batched matmuls over every expert at once: each expert's rows go into
+    a zero-padded [experts, C, hidden] batch (C: the busiest expert's row count), so the arithmetic is
+    experts * C rows instead of T * k, in a dozen calls whatever the number of experts. Where padding
+    would pass PAD_FACTOR times the rows (few slots among many experts, whose weights would all be
+    read for nothing), `grouped_experts`. Never more arithmetic than every expert on every token
+    (C <= T), and one parallel region per call instead of one per expert's small matmul.
+
+    Each (token, choice) slot's place is found without sorting: its rank among the earlier slots of
+    the same expert (a cumulative count), so the outputs come back in token order for the weighting."""
     tokens, hidden = x.shape
-    experts, double, _ = gate_up.shape
-    h = silu_and_mul(F.linear(x, gate_up.reshape(experts * double, hidden)).reshape(tokens * experts, double))
-    out = torch.bmm(h.reshape(tokens, experts, double // 2).transpose(0, 1), down.transpose(1, 2))  # [E, T, H]
-    dense = torch.zeros(tokens, experts, dtype=torch.float32, device=x.device).scatter_(1, ids, weights.float())
-    return torch.einsum("te,eth->th", dense, out.float()).to(x.dtype)
-
-
-def use_dense(x: torch.Tensor, num_experts: int, top_k: int) -> bool:
-    """The dense path on the CPU for up to DENSE_TOKENS tokens choosing at least half the experts' worth
-    of slots (and never where it multiplies the arithmetic more than MAX_DENSE_FACTOR times)."""
-    tokens = x.shape[0]
-    return (x.device.type == "cpu" and os.environ.get("PAGEDBATCH_MOE_PATH") != "grouped"
-            and 0 < tokens <= DENSE_TOKENS and 2 * tokens * top_k >= num_experts
-            and num_experts <= MAX_DENSE_FACTOR * top_k)
+    experts, k = gate_up.shape[0], ids.shape[1]
+    flat = ids.reshape(-1)
+    onehot = F.one_hot(flat, experts)  # [T * k, E]
+    counts = onehot.sum(0)
+    capacity = int(counts.max()) if flat.numel() else 0
+    if capacity == 0 or experts * capacity > PAD_FACTOR * flat.numel():
+        return grouped_experts(x, gate_up, down, weights, ids, silu_and_mul, biases)
+    rank = onehot.cumsum(0).gather(1, flat.unsqueeze(1)).squeeze(1) - 1
+    place = flat * capacity + rank
+    batch = x.new_zeros(experts * capacity, hidden)
+    batch.index_copy_(0, place, x.repeat_interleave(k, dim=0))
+    h = torch.bmm(batch.view(experts, capacity, hidden), gate_up.transpose(1, 2))
+    if biases is not None:
+        h = h + biases[0].unsqueeze(1)
+    h = silu_and_mul(h)
+    out = torch.bmm(h, down.transpose(1, 2))
+    if biases is not None:
+        out = out + biases[1].unsqueeze(1)
+    rows = out.view(experts * capacity, hidden).index_select(0, place).view(tokens, k, hidden)
+    return torch.einsum("tk,tkh->th", weights.float(), rows.float()).to(x.dtype)
 
 
 @contextlib.contextmanager
@@ -99,7 +129,7 @@ def _one_thread_if(serial: bool):
     parallel region per matmul waits on every thread of the team (on a busy host, for one that is
     descheduled)."""
     before = torch.get_num_threads()
-    if not serial or before == 1 or os.environ.get("PAGEDBATCH_MOE_THREADS") == "all":
+    if not serial or before == 1 or value(EngineSettings, "moe_threads") == "all":
         yield
         return
     torch.set_num_threads(1)
@@ -110,19 +140,31 @@ def _one_thread_if(serial: bool):
 
 
 class Experts(nn.Module):
-    def __init__(self, num_experts: int, hidden: int, intermediate: int, ops: Ops):
+    """The routed experts; gpt-oss's have biases and an activation of their own (`act`, of the
+    gate/up rows), which the fused kernel does not take: they run grouped."""
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int, ops: Ops, bias: bool = False, act=None):
         super().__init__()
         self.ops = ops
         self.intermediate = intermediate
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+        if bias:
+            self.gate_up_proj_bias = nn.Parameter(torch.zeros(num_experts, 2 * intermediate))
+            self.down_proj_bias = nn.Parameter(torch.zeros(num_experts, hidden))
+        self.biases = bias
+        self.act = act
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        if self.ops.fused_moe is not None:
+        plain = self.act is None and not self.biases
+        if self.ops.fused_moe is not None and plain:
             return self.ops.fused_moe(x, self.gate_up_proj, self.down_proj, weights, ids)
-        if use_dense(x, self.gate_up_proj.shape[0], ids.shape[1]):
-            return dense_experts(x, self.gate_up_proj, self.down_proj, weights, ids, self.ops.silu_and_mul)
-        return grouped_experts(x, self.gate_up_proj, self.down_proj, weights, ids, self.ops.silu_and_mul)
+        act = self.act or self.ops.silu_and_mul
+        biases = (self.gate_up_proj_bias, self.down_proj_bias) if self.biases else None
+        padded = x.device.type == "cpu" and value(EngineSettings, "moe_path") != "grouped"
+        return (padded_experts if padded else grouped_experts)(
+            x, self.gate_up_proj, self.down_proj, weights, ids, act, biases
+        )
 
 
 class SparseMoeBlock(nn.Module):

@@ -16,17 +16,24 @@ import re
 import torch
 from torch import nn
 
-from engine.config import ModelConfig
+from engine.hf.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.models.moe import SparseMoeBlock
-from engine.ops import Ops
+from engine.runner.ops import Ops
 
 # per-expert weight name -> (our fused parameter, shard: 0 gate, 1 up, None the whole expert's down)
-_PER_EXPERT = {"gate_proj": ("gate_up_proj", 0), "w1": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
-               "w3": ("gate_up_proj", 1), "down_proj": ("down_proj", None), "w2": ("down_proj", None)}
+_PER_EXPERT = {
+    "gate_proj": ("gate_up_proj", 0),
+    "w1": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+    "w3": ("gate_up_proj", 1),
+    "down_proj": ("down_proj", None),
+    "w2": ("down_proj", None),
+}
 _EXPERT = re.compile(r"^(?P<block>.+\.mlp\.experts)\.(?P<expert>\d+)\.(?P<part>\w+)\.weight$")
 _FUSED = re.compile(r"^(?P<block>.+\.mlp\.experts)\.(?P<param>gate_up_proj|down_proj)(?:\.weight)?$")
-_SHARED = re.compile(r"^(?P<mlp>.+\.mlp\.shared_expert)\.(?P<part>gate_proj|up_proj)\.weight$")
+# Qwen2-MoE's `shared_expert`, DeepSeek's `shared_experts`: their gate/up packed into one gate_up_proj
+_SHARED = re.compile(r"^(?P<mlp>.+\.mlp\.shared_experts?)\.(?P<part>gate_proj|up_proj)\.weight$")
 
 
 class MoEForCausalLM(LlamaForCausalLM):

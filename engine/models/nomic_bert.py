@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.encoder_config import EncoderConfig
+from engine.hf.encoder_config import EncoderConfig
 from engine.models.encoder_attention import PackedBatch, activation, packed_attention
 from engine.models.modernbert import _rotate
 
@@ -29,8 +29,9 @@ class NomicBertLayer(nn.Module):
     def forward(self, x, cos, sin, batch: PackedBatch):
         qkv = self.self_attn.qkv(x).view(-1, 3, self.num_heads, self.head_dim)
         rotate = lambda q, k: (_rotate(q, cos, sin), _rotate(k, cos, sin))  # noqa: E731
-        x = self.post_attention_layernorm(x + self.self_attn.o_proj(
-            packed_attention(qkv, batch, self.head_dim**-0.5, None, rotate)))
+        x = self.post_attention_layernorm(
+            x + self.self_attn.o_proj(packed_attention(qkv, batch, self.head_dim**-0.5, None, rotate))
+        )
         gate, up = self.mlp.gate_up(x).chunk(2, dim=-1)
         return self.post_mlp_layernorm(x + self.mlp.down_proj(self.act(gate) * up))
 
@@ -66,10 +67,15 @@ class NomicBertEncoderModel(nn.Module):
         if name.startswith(("pooler.", "cls.", "lm_head.")) or name.endswith("position_ids"):
             return None
         name = name.replace("emb_ln.", "embeddings.LayerNorm.").replace("encoder.layers.", "layers.")
-        for old, new in ((".attn.Wqkv.", ".self_attn.qkv."), (".attn.out_proj.", ".self_attn.o_proj."),
-                         (".mlp.fc12.", ".mlp.gate_proj."), (".mlp.fc11.", ".mlp.up_proj."),
-                         (".mlp.fc2.", ".mlp.down_proj."), (".norm1.", ".post_attention_layernorm."),
-                         (".norm2.", ".post_mlp_layernorm.")):
+        for old, new in (
+            (".attn.Wqkv.", ".self_attn.qkv."),
+            (".attn.out_proj.", ".self_attn.o_proj."),
+            (".mlp.fc12.", ".mlp.gate_proj."),
+            (".mlp.fc11.", ".mlp.up_proj."),
+            (".mlp.fc2.", ".mlp.down_proj."),
+            (".norm1.", ".post_attention_layernorm."),
+            (".norm2.", ".post_mlp_layernorm."),
+        ):
             name = name.replace(old, new)
         for i, part in enumerate(("q_proj", "k_proj", "v_proj")):
             if f".self_attn.{part}." in name:

@@ -69,10 +69,6 @@ def _longrope(dim: int, theta: float, scaling: dict, long: bool) -> tuple[torch.
     return 1.0 / (ext * theta**shape), float(attention)
 
 
-def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
-    return _frequencies(head_dim, theta, scaling)[0]
-
-
 def _frequencies(dim: int, theta: float, scaling: dict | None, long: bool = False) -> tuple[torch.Tensor, float]:
     kind = (scaling or {}).get("rope_type", "default")
     if kind == "yarn":

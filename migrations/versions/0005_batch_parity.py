@@ -29,7 +29,12 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     for column in (
-        "validated_at", "validation_heartbeat_at", "validation_owner", "validation_parts", "validated_lines",
-        "on_invalid_lines", "served_model",
+        "validated_at",
+        "validation_heartbeat_at",
+        "validation_owner",
+        "validation_parts",
+        "validated_lines",
+        "on_invalid_lines",
+        "served_model",
     ):
         op.drop_column("jobs", column)

@@ -46,10 +46,14 @@ static void tile_values(const float* weights, int ld, const float* totals, const
         for (int c = 0; c < DV; c++) store(out + (g * DV + c) * LANES, acc[g][c] / totals[g]);
 }
 
-// Softmax of each query head's scores in place (padding to ld holds NO_WEIGHT); its sum and log-sum-exp.
-static void softmax(float* scores, int heads, int length, int ld, float* totals, float* lse) {
+// Softmax of each query head's scores in place over positions low.. (before them and padding to ld
+// hold NO_WEIGHT), scores soft-capped first where softcap > 0; its sum and log-sum-exp.
+static void softmax(float* scores, int heads, int low, int length, int ld, float softcap, float* totals, float* lse) {
     for (int g = 0; g < heads; g++) {
         float* s = scores + g * ld;
+        if (softcap > 0.f)
+            for (int p = low / LANES * LANES; p < length; p += LANES) store(s + p, soft_cap(load(s + p), softcap));
+        for (int p = 0; p < low; p++) s[p] = NO_WEIGHT;
         for (int p = length; p < ld; p++) s[p] = NO_WEIGHT;
         vfloat top = splat(NO_WEIGHT);
         for (int p = 0; p < ld; p += LANES) {
@@ -89,9 +93,10 @@ struct Kernels {
         }
     }
 
-    // One (row, KV head): `group` query heads from q (float32, unscaled) into out, lse.
-    static void task(const float* q, const T* keys, const T* values, const Row& row, int group, float scale,
-                     float* out, float* lse) {
+    // One (row, KV head): `group` query heads from q (float32, unscaled) into out, lse, over the row's
+    // positions from `low` (a sliding window's first), scores soft-capped at `softcap` where > 0.
+    static void task(const float* q, const T* keys, const T* values, const Row& row, int low, int group,
+                     float scale, float softcap, float* out, float* lse) {
         constexpr int D = DV * LANES;
         if (row.length <= 0) {
             std::fill(out, out + group * D, 0.f);
@@ -111,7 +116,7 @@ struct Kernels {
             pick<tile>(std::min(tile, group - g), &s, &v);
             s(scaled + g * D, keys, row, scores + size_t(g) * ld, ld);
         }
-        softmax(scores, group, row.length, ld, totals, lse);
+        softmax(scores, group, low, row.length, ld, softcap, totals, lse);
         for (int g = 0; g < group; g += tile) {
             Scores s = nullptr;
             Values v = nullptr;
@@ -123,8 +128,8 @@ struct Kernels {
 
 template <typename T, int DV>
 static void run(const float* q, const T* keys, const T* values, const int32_t* tables, int width,
-                const int32_t* lengths, int rows, int heads, int kv_heads, int block_size, float scale, float* out,
-                float* lse) {
+                const int32_t* lengths, const int32_t* lows, int rows, int heads, int kv_heads, int block_size,
+                float scale, float softcap, float* out, float* lse) {
     constexpr int D = DV * LANES;
     const int group = heads / kv_heads;
     const int tasks = rows * kv_heads;
@@ -133,7 +138,9 @@ static void run(const float* q, const T* keys, const T* values, const int32_t* t
         int r = t / kv_heads, h = t % kv_heads;
         Row row{tables + int64_t(r) * width, lengths[r], block_size, int64_t(kv_heads) * D, int64_t(h) * D};
         int64_t first = int64_t(r) * heads + int64_t(h) * group;  // the group's first query head
-        Kernels<T, DV>::task(q + first * D, keys, values, row, group, scale, out + first * D, lse + first);
+        int low = lows ? std::min(lows[r], row.length) : 0;
+        Kernels<T, DV>::task(q + first * D, keys, values, row, low, group, scale, softcap, out + first * D,
+                             lse + first);
     }
 }
 
@@ -147,14 +154,15 @@ static bool in_bounds(const int32_t* tables, int width, const int32_t* lengths, 
 
 template <typename T>
 static int dispatch(int head_dim, const float* q, const void* k, const void* v, const int32_t* tables, int width,
-                    const int32_t* lengths, int rows, int heads, int kv_heads, int block_size, float scale,
-                    float* out, float* lse) {
+                    const int32_t* lengths, const int32_t* lows, int rows, int heads, int kv_heads, int block_size,
+                    float scale, float softcap, float* out, float* lse) {
     const T* keys = static_cast<const T*>(k);
     const T* values = static_cast<const T*>(v);
     switch (head_dim) {
 #define HEAD(D)                                                                                                 \
     case D:                                                                                                     \
-        run<T, D / LANES>(q, keys, values, tables, width, lengths, rows, heads, kv_heads, block_size, scale, out, lse); \
+        run<T, D / LANES>(q, keys, values, tables, width, lengths, lows, rows, heads, kv_heads, block_size, scale, \
+                          softcap, out, lse);                                                                  \
         return 0;
         PB_HEAD_SIZES(HEAD)
 #undef HEAD
@@ -164,7 +172,7 @@ static int dispatch(int head_dim, const float* q, const void* k, const void* v, 
 }
 
 // Attention over two disjoint parts of a context from each part's output and log-sum-exp, as
-// cpu_attention.merge_partial computes it with torch (logaddexp, then each part weighted by exp(its lse
+// cpu_decode.merge_partial computes it with torch (logaddexp, then each part weighted by exp(its lse
 // - the total's)): out_a and out_b [heads, head_dim], lse_a and lse_b [heads] float32, in place into a.
 static void merge_partial(float* out_a, float* lse_a, const float* out_b, const float* lse_b, int64_t heads,
                           int head_dim) {
@@ -193,17 +201,19 @@ int pb_supports_head_dim(int head_dim) { return head_dim_supported(head_dim); }
 
 // q [rows, heads, head_dim] float32; k, v [blocks, block_size, kv_heads, head_dim] float32 or bfloat16
 // (bf16 = 1); tables [rows, width] and lengths [rows] int32; out [rows, heads, head_dim] and lse
-// [rows, heads] float32. Every tensor contiguous. Returns 0; -1 for a head size it does not take, -2 for
+// [rows, heads] float32; lows [rows] int32 or null: row r attends to its positions lows[r].. only (a
+// sliding window); softcap > 0: scores s become softcap * tanh(s / softcap). Every tensor contiguous. Returns 0; -1 for a head size it does not take, -2 for
 // a context longer than its table or a block outside the pool's num_blocks (nothing is read then).
 int pb_decode_attention(const float* q, const void* k, const void* v, int bf16, int num_blocks,
-                        const int32_t* tables, int width, const int32_t* lengths, int rows, int heads, int kv_heads,
-                        int head_dim, int block_size, float scale, float* out, float* lse) {
+                        const int32_t* tables, int width, const int32_t* lengths, const int32_t* lows, int rows,
+                        int heads, int kv_heads, int head_dim, int block_size, float scale, float softcap, float* out,
+                        float* lse) {
     if (!head_dim_supported(head_dim)) return -1;
     if (!in_bounds(tables, width, lengths, rows, block_size, num_blocks)) return -2;
     if (bf16)
-        return dispatch<uint16_t>(head_dim, q, k, v, tables, width, lengths, rows, heads, kv_heads, block_size,
-                                  scale, out, lse);
-    return dispatch<float>(head_dim, q, k, v, tables, width, lengths, rows, heads, kv_heads, block_size, scale,
-                           out, lse);
+        return dispatch<uint16_t>(head_dim, q, k, v, tables, width, lengths, lows, rows, heads, kv_heads,
+                                  block_size, scale, softcap, out, lse);
+    return dispatch<float>(head_dim, q, k, v, tables, width, lengths, lows, rows, heads, kv_heads, block_size, scale,
+                           softcap, out, lse);
 }
 }

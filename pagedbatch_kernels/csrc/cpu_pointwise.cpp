@@ -157,6 +157,29 @@ static void silu_and_mul(const float* x, int rows, int size, float* out) {
     }
 }
 
+// float8_e4m3fn weight codes [n, k] times their scales [n, groups] (`k / groups` inputs a group), as T:
+// what quant_reference.dequantize computes (the code exactly, times the scale in float32, rounded once to
+// T). The code's 7 magnitude bits go to the top of a float32's exponent and mantissa, which reads as the
+// value times 2^-120 (a subnormal float32 for an FP8 subnormal); NaN codes stay NaN.
+template <typename T>
+static void dequant_fp8(const uint8_t* q, const T* scales, T* out, int64_t n, int64_t k, int64_t groups) {
+    const int64_t per_group = k / groups;
+#pragma omp parallel for schedule(static) if (n * k >= 4 * PARALLEL_ELEMENTS)
+    for (int64_t r = 0; r < n; r++) {
+        for (int64_t g = 0; g < groups; g++) {
+            const float scale = widen(scales[r * groups + g]);
+            const int64_t at = r * k + g * per_group;
+            for (int64_t c = 0; c < per_group; c++) {
+                const uint32_t b = q[at + c], magnitude = b & 0x7f;
+                const uint32_t bits = ((b & 0x80) << 24) | (magnitude << 20) | (magnitude == 0x7f ? 0x7fc00000u : 0u);
+                float value;
+                std::memcpy(&value, &bits, sizeof value);
+                narrow(value * 0x1p120f * scale, out + at + c);
+            }
+        }
+    }
+}
+
 extern "C" {
 
 // dtype: 0 float32, 1 bfloat16; every tensor contiguous unless a stride says otherwise.
@@ -200,5 +223,12 @@ int pb_write_kv(const void* key, int64_t key_stride, const void* value, int64_t 
         std::memcpy(static_cast<char*>(v_cache) + slots[t] * bytes, v + t * value_stride * element_size, bytes);
     }
     return 0;
+}
+
+void pb_dequant_fp8(const uint8_t* q, const void* scales, void* out, int64_t n, int64_t k, int64_t groups, int bf16) {
+    if (bf16)
+        dequant_fp8(q, (const uint16_t*)scales, (uint16_t*)out, n, k, groups);
+    else
+        dequant_fp8(q, (const float*)scales, (float*)out, n, k, groups);
 }
 }

@@ -182,7 +182,8 @@ struct SpanKernel {
     struct Scratch {
         std::vector<float> q, o, s, kc, kt, vc, top, total;
         std::vector<uint32_t> qp, wp;  // the queries and a chunk's weights as bfloat16 pairs
-        std::vector<int> visible;
+        std::vector<int> visible, from;  // each query's positions from..visible (a sliding window's first)
+        float softcap = 0.f;               // > 0: scores s become softcap * tanh(s / softcap)
     };
 
     // Turns the chunk's scores s[i] (positions c0.. of query i) into weights in place, updating the
@@ -194,11 +195,11 @@ struct SpanKernel {
             return v;
         }();
         float *scores = w.s.data(), *outs = w.o.data(), *tops = w.top.data(), *totals = w.total.data();
-        const int* visible = w.visible.data();
+        const int *visible = w.visible.data(), *from = w.from.data();
         for (int i = 0; i < queries; i++) {
             float* s = scores + i * CHUNK;
-            int seen = visible[i] - c0;  // positions of this chunk the query sees
-            if (seen <= 0) {
+            int seen = visible[i] - c0, skip = from[i] - c0;  // this chunk's positions the query sees: skip..seen
+            if (seen <= 0 || skip >= CHUNK) {
                 std::fill(s, s + CHUNK, 0.f);
                 continue;
             }
@@ -206,7 +207,8 @@ struct SpanKernel {
             vfloat top = splat(NO_WEIGHT);
             for (int c = 0; c < CV; c++) {
                 x[c] = load(s + c * LANES);
-                x[c] = (iota + c * LANES) < seen ? x[c] : splat(NO_WEIGHT);
+                if (w.softcap > 0.f) x[c] = soft_cap(x[c], w.softcap);
+                x[c] = (iota + c * LANES) < seen && (iota + c * LANES) >= skip ? x[c] : splat(NO_WEIGHT);
                 top = x[c] > top ? x[c] : top;
             }
             float old = tops[i], now = std::max(old, max(top));
@@ -219,7 +221,8 @@ struct SpanKernel {
             }
             vfloat total = {};
             for (int c = 0; c < CV; c++) {
-                vfloat e = (iota + c * LANES) < seen ? exp_nonpositive(x[c] - now) : vfloat{};
+                vfloat e = (iota + c * LANES) < seen && (iota + c * LANES) >= skip ? exp_nonpositive(x[c] - now)
+                                                                                   : vfloat{};
                 store(s + c * LANES, e);
                 total += e;
             }
@@ -268,8 +271,8 @@ struct SpanKernel {
 #endif
 
     static void task(const Task& t, const float* q, const T* keys, const T* values, const int32_t* table,
-                     const int32_t* lengths, int heads, int kv_heads, int block_size, float scale, float* out,
-                     float* lse) {
+                     const int32_t* lengths, const int32_t* lows, int heads, int kv_heads, int block_size,
+                     float scale, float softcap, float* out, float* lse) {
         const int group = heads / kv_heads;
         const int queries = t.rows * group;
         const int padded = (queries + PAD - 1) / PAD * PAD;
@@ -282,16 +285,19 @@ struct SpanKernel {
         w.top.assign(padded, NO_WEIGHT);
         w.total.assign(padded, 0.f);
         w.visible.assign(padded, 0);
+        w.from.assign(padded, 0);
+        w.softcap = softcap;
         if constexpr (PAIRS) {
             w.qp.assign(size_t(padded) * D / 2, 0u);
             w.wp.resize(size_t(padded) * CHUNK / 2);
         } else {
             w.q.assign(size_t(padded) * D, 0.f);
         }
-        int longest = 0;
+        int longest = 0, earliest = INT32_MAX;
         for (int r = 0; r < t.rows; r++) {
-            int row = t.first + r, length = lengths[row];
+            int row = t.first + r, length = lengths[row], low = lows ? std::min(lows[row], length) : 0;
             longest = std::max(longest, length);
+            earliest = std::min(earliest, low);
             for (int g = 0; g < group; g++) {
                 int i = r * group + g;
                 const float* src = q + (int64_t(row) * heads + t.kv_head * group + g) * D;
@@ -300,10 +306,11 @@ struct SpanKernel {
                 else
                     for (int d = 0; d < D; d++) w.q[size_t(i) * D + d] = src[d] * scale;
                 w.visible[i] = length;
+                w.from[i] = low;
             }
         }
         const int64_t stride = int64_t(kv_heads) * D;
-        for (int c0 = 0; c0 < longest; c0 += CHUNK) {
+        for (int c0 = earliest / CHUNK * CHUNK; c0 < longest; c0 += CHUNK) {
             int count = std::min(CHUNK, longest - c0);
             if constexpr (PAIRS) {
                 pair_chunk(w, keys, values, table, block_size, stride, t.kv_head, c0, count, scale, padded);
@@ -343,8 +350,8 @@ struct SpanKernel {
     }
 
     static void run(const float* q, const T* keys, const T* values, const int32_t* tables, int width,
-                    const int32_t* bounds, int spans, const int32_t* lengths, int heads, int kv_heads,
-                    int block_size, float scale, float* out, float* lse) {
+                    const int32_t* bounds, int spans, const int32_t* lengths, const int32_t* lows, int heads,
+                    int kv_heads, int block_size, float scale, float softcap, float* out, float* lse) {
         const int rows_per_task = std::max(1, TASK_QUERIES / (heads / kv_heads));
         std::vector<Task> tasks;
         for (int s = 0; s < spans; s++) {
@@ -356,21 +363,21 @@ struct SpanKernel {
 #pragma omp parallel for schedule(dynamic, 1)
         for (int i = 0; i < count; i++) {
             const Task& t = tasks[i];
-            task(t, q, keys, values, tables + int64_t(t.span) * width, lengths, heads, kv_heads, block_size, scale,
-                 out, lse);
+            task(t, q, keys, values, tables + int64_t(t.span) * width, lengths, lows, heads, kv_heads, block_size,
+                 scale, softcap, out, lse);
         }
     }
 };
 
 template <typename T>
 static void dispatch(int head_dim, const float* q, const void* k, const void* v, const int32_t* tables, int width,
-                     const int32_t* bounds, int spans, const int32_t* lengths, int heads, int kv_heads,
-                     int block_size, float scale, float* out, float* lse) {
+                     const int32_t* bounds, int spans, const int32_t* lengths, const int32_t* lows, int heads,
+                     int kv_heads, int block_size, float scale, float softcap, float* out, float* lse) {
     switch (head_dim) {
 #define SPANS(D)                                                                                           \
     case D:                                                                                                \
         SpanKernel<T, D / LANES>::run(q, static_cast<const T*>(k), static_cast<const T*>(v), tables, width, bounds, \
-                               spans, lengths, heads, kv_heads, block_size, scale, out, lse);              \
+                               spans, lengths, lows, heads, kv_heads, block_size, scale, softcap, out, lse); \
         return;
         PB_HEAD_SIZES(SPANS)
 #undef SPANS
@@ -384,13 +391,16 @@ int pb_span_bf16_weights() { return BF16_DOT; }
 
 // q [rows, heads, head_dim] float32; k, v [blocks, block_size, kv_heads, head_dim] float32 or bfloat16
 // (bf16 = 1); tables [spans, width], bounds [spans, 2] (span s is rows bounds[s][0] to bounds[s][1], the
-// spans apart) and lengths [rows] int32; out [rows, heads, head_dim] and lse [rows, heads] float32,
+// spans apart) and lengths [rows] int32; lows [rows] int32 or null: row r attends to its positions
+// lows[r].. only (a sliding window); softcap > 0: scores s become softcap * tanh(s / softcap);
+// out [rows, heads, head_dim] and lse [rows, heads] float32,
 // written for the spans' rows only. Every tensor contiguous. Returns 0; -1 for a head size it does not
 // take, -2 for a span past the rows, a context longer than its table or a block outside the pool
 // (nothing is read then).
 int pb_span_attention(const float* q, const void* k, const void* v, int bf16, int num_blocks, const int32_t* tables,
-                      int width, const int32_t* bounds, int spans, const int32_t* lengths, int rows, int heads,
-                      int kv_heads, int head_dim, int block_size, float scale, float* out, float* lse) {
+                      int width, const int32_t* bounds, int spans, const int32_t* lengths, const int32_t* lows,
+                      int rows, int heads, int kv_heads, int head_dim, int block_size, float scale, float softcap,
+                      float* out, float* lse) {
     if (!head_dim_supported(head_dim) || heads % kv_heads) return -1;
     for (int s = 0; s < spans; s++) {
         const int begin = bounds[2 * s], end = bounds[2 * s + 1];
@@ -400,11 +410,11 @@ int pb_span_attention(const float* q, const void* k, const void* v, int bf16, in
         if (!context_in_bounds(tables + int64_t(s) * width, width, longest, block_size, num_blocks)) return -2;
     }
     if (bf16)
-        dispatch<uint16_t>(head_dim, q, k, v, tables, width, bounds, spans, lengths, heads, kv_heads, block_size,
-                           scale, out, lse);
+        dispatch<uint16_t>(head_dim, q, k, v, tables, width, bounds, spans, lengths, lows, heads, kv_heads,
+                           block_size, scale, softcap, out, lse);
     else
-        dispatch<float>(head_dim, q, k, v, tables, width, bounds, spans, lengths, heads, kv_heads, block_size, scale,
-                        out, lse);
+        dispatch<float>(head_dim, q, k, v, tables, width, bounds, spans, lengths, lows, heads, kv_heads, block_size,
+                        scale, softcap, out, lse);
     return 0;
 }
 }

@@ -118,6 +118,18 @@ static inline vfloat exp_nonpositive(vfloat x) {
     return x < -87.f ? vfloat{} : exp_parts(n, (t - n) * 0.693147181f);
 }
 
+// cap * tanh(x / cap) (attention logit soft-capping): tanh(a) as (1 - e) / (1 + e) with e = exp(-2a),
+// a = |x / cap|; below 1/8, where that loses digits, by its Taylor series.
+static inline vfloat soft_cap(vfloat x, float cap) {
+    vfloat y = x / cap;
+    vfloat a = y < 0.f ? -y : y;
+    vfloat e = exp_nonpositive(-2.f * a);
+    vfloat a2 = a * a;
+    vfloat series = a * (1.f + a2 * (-1.f / 3 + a2 * (2.f / 15 + a2 * (-17.f / 315))));
+    vfloat t = (a < 0.125f ? series : (1.f - e) / (1.f + e)) * cap;
+    return y < 0.f ? -t : t;
+}
+
 struct Row {
     const int32_t* table;
     int length;

@@ -16,7 +16,7 @@ import json
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchfile.embeddings import response_of, usage_tokens
+from batchfile.endpoints.embeddings import response_of, usage_tokens
 from batchfile.request import ParsedRequest
 from store.results.rows import COMPLETED, RESULT_SCHEMA, _times
 
@@ -24,8 +24,17 @@ VECTOR = pa.list_(pa.float32())
 VECTORS = pa.list_(VECTOR)
 
 
-def pooling_row(request: ParsedRequest, prompt_tokens: int, body: dict, *, shard_id: str | None = None,
-                created_at=None, started_at=None, finished_at=None, **columns) -> dict:
+def pooling_row(
+    request: ParsedRequest,
+    prompt_tokens: int,
+    body: dict,
+    *,
+    shard_id: str | None = None,
+    created_at=None,
+    started_at=None,
+    finished_at=None,
+    **columns,
+) -> dict:
     """The completed row of a pooling line (embeddings, score, rerank): `body` as its response, no completion."""
     row = dict.fromkeys(RESULT_SCHEMA.names)
     row.update(
@@ -44,13 +53,29 @@ def pooling_row(request: ParsedRequest, prompt_tokens: int, body: dict, *, shard
     return row
 
 
-def embedding_row(request: ParsedRequest, output, *, shard_id: str | None = None, tokenizer=None,
-                  created_at=None, started_at=None, finished_at=None) -> dict:
+def embedding_row(
+    request: ParsedRequest,
+    output,
+    *,
+    shard_id: str | None = None,
+    tokenizer=None,
+    created_at=None,
+    started_at=None,
+    finished_at=None,
+) -> dict:
     """`output`: the engine's pooling output for the line's inputs (`outputs.data`, [inputs, dim])."""
     vectors = output.outputs.data.tolist()
     column = {"embedding": vectors[0]} if len(vectors) == 1 else {"embeddings": vectors}
-    return pooling_row(request, usage_tokens(request), response_of(request, vectors), shard_id=shard_id,
-                       created_at=created_at, started_at=started_at, finished_at=finished_at, **column)
+    return pooling_row(
+        request,
+        usage_tokens(request),
+        response_of(request, vectors),
+        shard_id=shard_id,
+        created_at=created_at,
+        started_at=started_at,
+        finished_at=finished_at,
+        **column,
+    )
 
 
 def upgrade_embedding_columns(table: pa.Table) -> pa.Table:

@@ -13,11 +13,11 @@ from collections.abc import Iterable, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from batchfile.endpoints.responses import batch_error_line
 from batchfile.errors import REQUEST_ERROR_CODES
-from batchfile.responses import batch_error_line
+from store.filestore.storage import url_to_fs
 from store.results.parquet import read_batches
 from store.results.rows import COMPLETED, FAILED
-from store.storage import url_to_fs
 
 JSONL_COLUMNS = ["custom_id", "line", "status", "error_code", "error_message", "response_body"]
 
@@ -49,10 +49,20 @@ def _error_line(row: dict, line_id: str, request_id: str) -> str:
     # response, only an error.
     status_code = 400 if row["status"] == FAILED and row["error_code"] in REQUEST_ERROR_CODES else None
     obj = batch_error_line(
-        row["custom_id"], row["error_code"] or "error", row["error_message"] or "",
-        status_code=status_code, line_id=line_id, request_id=request_id,
-    )  # fmt: skip
+        row["custom_id"],
+        row["error_code"] or "error",
+        row["error_message"] or "",
+        status_code=status_code,
+        line_id=line_id,
+        request_id=request_id,
+    )
     return _one_line(json.dumps(obj, ensure_ascii=False)) + "\n"
+
+
+def result_line(row: dict, seed: str) -> str:
+    """A row as its OpenAI line: an output line when it completed, else an error line."""
+    make_line = _output_line if row["status"] == COMPLETED else _error_line
+    return make_line(row, *_line_ids(seed, row["line"]))
 
 
 def jsonl_lines(batches: Iterable[pa.RecordBatch], seed: str, *, errors: bool) -> Iterator[str]:

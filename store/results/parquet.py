@@ -10,8 +10,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from store.filestore.storage import atomic_write, url_to_fs
+from store.results.no_pandas import skip_pandas_probe
 from store.results.rows import COMPLETED, STATUSES, rows_to_table
-from store.storage import atomic_write, url_to_fs
 
 COUNT_COLUMNS = ["status", "prompt_tokens", "completion_tokens", "cached_tokens"]
 
@@ -57,14 +58,16 @@ class ResultCounts:
 
 def count_batches(batches: Iterable[pa.RecordBatch]) -> ResultCounts:
     """Completed/failed/cancelled rows and token usage of batches holding `COUNT_COLUMNS`."""
+    skip_pandas_probe()
     counts = ResultCounts()
+    completed_status = pa.scalar(COMPLETED, pa.string())  # typed: an untyped Python value makes pyarrow import pandas
     for batch in batches:
         counts.total += batch.num_rows
         for entry in pc.value_counts(batch.column("status")).to_pylist():
             if entry["values"] in STATUSES:
                 setattr(counts, entry["values"], getattr(counts, entry["values"]) + entry["counts"])
         # usage is what completed requests used: a cancelled or failed request is not billed
-        completed = pc.equal(batch.column("status"), COMPLETED)
+        completed = pc.equal(batch.column("status"), completed_status)
         counts.prompt_tokens += pc.sum(pc.filter(batch.column("prompt_tokens"), completed)).as_py() or 0
         counts.completion_tokens += pc.sum(pc.filter(batch.column("completion_tokens"), completed)).as_py() or 0
         if "cached_tokens" in batch.schema.names:

@@ -1,6 +1,6 @@
 """`PartWriter`: a shard's rows written to its Parquet part as they come, in row groups, never all held.
 
-The part is written under a temporary name and appears only on `commit` (see `store.storage.atomic_write`);
+The part is written under a temporary name and appears only on `commit` (see `store.filestore.storage.atomic_write`);
 `discard` (an attempt that lost its shard, or was handed back) leaves nothing visible; the temporary file of an
 attempt whose worker died is removed by the attempt that commits the part. Rows are written in
 the order they finish, each row group sorted by line; readers of a part sort it (`ResultsStore`).
@@ -13,8 +13,8 @@ import contextlib
 import fsspec
 import pyarrow.parquet as pq
 
+from store.filestore.storage import atomic_write
 from store.results.rows import RESULT_SCHEMA, rows_to_table
-from store.storage import atomic_write
 
 ROW_GROUP_ROWS = 32  # rows held before they are written: a worker's memory is bounded by this, not the shard
 

@@ -10,14 +10,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from store.filestore.storage import atomic_write, is_local, url_to_fs
+from store.filestore.storage_faults import retrying
 from store.results.embedding_rows import upgrade_embedding_columns
 from store.results.jsonl import JSONL_COLUMNS, jsonl_lines
 from store.results.parquet import COUNT_COLUMNS, ResultCounts, count_batches, read_batches, write_table
 from store.results.part_writer import PartWriter
 from store.results.rows import RESULT_SCHEMA, rows_to_table
 from store.settings import Settings
-from store.storage import atomic_write, is_local, url_to_fs
-from store.storage_faults import retrying
 
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -75,7 +75,7 @@ class ResultsStore:
         except FileNotFoundError:
             return []
         names = (p.rstrip("/").rsplit("/", 1)[-1] for p in entries)
-        # a name starting with "." is a write in progress (see store.storage.atomic_write)
+        # a name starting with "." is a write in progress (see store.filestore.storage.atomic_write)
         return sorted(f"{parts_dir}/{n}" for n in names if n.endswith(".parquet") and not n.startswith("."))
 
     def _read(self, path: str, columns=None) -> pa.Table:

@@ -38,9 +38,10 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 
+from batchfile.endpoints.responses import response_body, returned_output
 from batchfile.errors import LineError
 from batchfile.request import ParsedRequest
-from batchfile.responses import response_body, returned_output
+from store.results.no_pandas import skip_pandas_probe
 
 COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
 STATUSES = (COMPLETED, FAILED, CANCELLED)
@@ -50,30 +51,32 @@ EXPIRED_CODE = "batch_expired"
 EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."
 
 _TS = pa.timestamp("us", tz="UTC")
-RESULT_SCHEMA = pa.schema([
-    pa.field("custom_id", pa.string()),
-    pa.field("line", pa.int64(), nullable=False),
-    pa.field("status", pa.string(), nullable=False),
-    pa.field("url", pa.string()),
-    pa.field("model", pa.string()),
-    pa.field("output_text", pa.string()),
-    pa.field("output_token_ids", pa.list_(pa.int32())),
-    pa.field("finish_reason", pa.string()),
-    pa.field("prompt_tokens", pa.int32()),
-    pa.field("completion_tokens", pa.int32()),
-    pa.field("cached_tokens", pa.int32()),
-    pa.field("error_code", pa.string()),
-    pa.field("error_message", pa.string()),
-    pa.field("response_body", pa.string()),
-    pa.field("shard_id", pa.string()),
-    pa.field("created_at", _TS),
-    pa.field("started_at", _TS),
-    pa.field("finished_at", _TS),
-    pa.field("latency_ms", pa.float64()),
-    pa.field("embedding", pa.list_(pa.float32())),
-    pa.field("embeddings", pa.list_(pa.list_(pa.float32()))),
-    pa.field("scores", pa.list_(pa.float64())),
-])  # fmt: skip
+RESULT_SCHEMA = pa.schema(
+    [
+        pa.field("custom_id", pa.string()),
+        pa.field("line", pa.int64(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("url", pa.string()),
+        pa.field("model", pa.string()),
+        pa.field("output_text", pa.string()),
+        pa.field("output_token_ids", pa.list_(pa.int32())),
+        pa.field("finish_reason", pa.string()),
+        pa.field("prompt_tokens", pa.int32()),
+        pa.field("completion_tokens", pa.int32()),
+        pa.field("cached_tokens", pa.int32()),
+        pa.field("error_code", pa.string()),
+        pa.field("error_message", pa.string()),
+        pa.field("response_body", pa.string()),
+        pa.field("shard_id", pa.string()),
+        pa.field("created_at", _TS),
+        pa.field("started_at", _TS),
+        pa.field("finished_at", _TS),
+        pa.field("latency_ms", pa.float64()),
+        pa.field("embedding", pa.list_(pa.float32())),
+        pa.field("embeddings", pa.list_(pa.list_(pa.float32()))),
+        pa.field("scores", pa.list_(pa.float64())),
+    ]
+)
 
 
 def _ts(value) -> datetime | None:
@@ -185,9 +188,15 @@ def request_failed_row(request: ParsedRequest, code: str, message: str, **kwargs
     """`failed_row` for a valid request: its line, custom_id, url, model and prompt length."""
     prompt_tokens = len(request.prompt_token_ids) if request.prompt_token_ids is not None else None
     return failed_row(
-        request.line, request.custom_id, code, message,
-        url=request.url, model=request.model, prompt_tokens=prompt_tokens, **kwargs,
-    )  # fmt: skip
+        request.line,
+        request.custom_id,
+        code,
+        message,
+        url=request.url,
+        model=request.model,
+        prompt_tokens=prompt_tokens,
+        **kwargs,
+    )
 
 
 def cancelled_row(request: ParsedRequest, *, message: str = "the batch was cancelled", **kwargs) -> dict:
@@ -205,5 +214,6 @@ def rows_to_table(rows: Iterable[dict] | pa.Table) -> pa.Table:
     A table is only cast to the schema (its order is kept)."""
     if isinstance(rows, pa.Table):
         return rows.select(RESULT_SCHEMA.names).cast(RESULT_SCHEMA)
+    skip_pandas_probe()
     table = pa.Table.from_pylist(list(rows), schema=RESULT_SCHEMA)
     return table.sort_by("line") if table.num_rows > 1 else table

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM
-from engine.tiny import write_tiny_model
+from engine.testing.tiny import write_tiny_model
 from tests.helpers import assert_pool_free
 
 

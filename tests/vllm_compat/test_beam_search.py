@@ -10,29 +10,39 @@ computes each prompt's tokens once and one token per beam per later step."""
 
 from __future__ import annotations
 
+import json
 from functools import cache
 
 import pytest
 import torch
 
 from engine import LLM, BeamSearchParams, SamplingParams
-from engine.beam_runner import worst_case_blocks
-from engine.beam_search import BeamSearchSequence, best_sequences, next_beams
-from engine.outputs import Logprob
-from engine.scheduler import ScheduledBatch
-from engine.tiny import ARCHITECTURES
+from engine.beam.runner import worst_case_blocks
+from engine.beam.search import BeamSearchSequence, best_sequences, next_beams
+from engine.core.scheduler import ScheduledBatch
+from engine.params.outputs import Logprob
+from engine.testing.tiny import ARCHITECTURES
+from engine.testing.tiny_vision import VISION_ARCHITECTURES
 
 # block_size 4: lengths mid-block (7, 5, 10) and on a boundary (8, 12); decoding crosses boundaries too
-PROMPTS = [[5, 9, 33, 70, 12, 8, 41], [100, 7, 7, 250, 3, 18, 90, 61], [200, 4, 4, 11, 300],
-           [42, 1, 77, 19, 260, 8, 8, 130, 55, 21, 403, 66], [17, 222, 93, 5, 5, 5, 340, 12, 9, 180]]
+PROMPTS = [
+    [5, 9, 33, 70, 12, 8, 41],
+    [100, 7, 7, 250, 3, 18, 90, 61],
+    [200, 4, 4, 11, 300],
+    [42, 1, 77, 19, 260, 8, 8, 130, 55, 21, 403, 66],
+    [17, 222, 93, 5, 5, 5, 340, 12, 9, 180],
+]
 STEPS = 6
 
 
 @cache
 def hf_model(path):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, Mxfp4Config
 
-    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    quantized = json.loads((path / "config.json").read_text()).get("quantization_config", {})
+    # an MXFP4 gpt-oss: transformers' own dequantisation (its default fetches Triton kernels from the hub)
+    load = {"quantization_config": Mxfp4Config(dequantize=True)} if quantized.get("quant_method") == "mxfp4" else {}
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, **load).eval()
     hf.generation_config.eos_token_id = None
     return hf
 
@@ -40,9 +50,17 @@ def hf_model(path):
 def hf_beams(path, prompt_ids, width: int, steps: int = STEPS) -> list[list[int]]:
     with torch.no_grad():
         out = hf_model(path).generate(
-            torch.tensor([prompt_ids]), num_beams=width, num_return_sequences=width, do_sample=False,
-            max_new_tokens=steps, min_new_tokens=steps, length_penalty=1.0, early_stopping=False,
-            pad_token_id=0, attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long))
+            torch.tensor([prompt_ids]),
+            num_beams=width,
+            num_return_sequences=width,
+            do_sample=False,
+            max_new_tokens=steps,
+            min_new_tokens=steps,
+            length_penalty=1.0,
+            early_stopping=False,
+            pad_token_id=0,
+            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+        )
     return out.tolist()
 
 
@@ -59,14 +77,17 @@ def assert_free(llm):
     assert not engine.scheduler.running and not engine.scheduler.waiting
 
 
-# Compared through AutoModelForCausalLM: not the image-text Mistral 3 checkpoint (its text model is the tiny Mistral).
+# Compared through AutoModelForCausalLM: not the image-text checkpoints (Mistral 3, LLaVA, Gemma 3 with images:
+# their text models are tiny families of their own here).
 # The tiny Phi-3's EOS (`<|end|>`, id 7) is a token its random weights pick: vLLM's beam score (ours) counts a beam
 # that ends in EOS one token shorter even under ignore_eos, transformers (eos None) does not, so the two rank that
 # candidate differently; the comparison's "no EOS reachable" premise fails there, not the engine.
 BEAM_ARCHS = [
     pytest.param(a, marks=pytest.mark.xfail(strict=True, reason="the tiny Phi-3 reaches its EOS (see above)"))
-    if a == "phi3" else a
-    for a in ARCHITECTURES if a != "mistral3"
+    if a == "phi3"
+    else a
+    for a in ARCHITECTURES
+    if a not in ("mistral3", *VISION_ARCHITECTURES)
 ]
 
 
@@ -81,7 +102,7 @@ def test_beam_search_equals_transformers(tiny_model, arch):
             assert [s.tokens for s in out.sequences] == hf_beams(path, prompt_ids, width)
             best = out.sequences[0]
             assert len(best.logprobs) == STEPS and best.finish_reason == "length"
-            chosen = [entry[t].logprob for entry, t in zip(best.logprobs, best.tokens[len(prompt_ids):])]
+            chosen = [entry[t].logprob for entry, t in zip(best.logprobs, best.tokens[len(prompt_ids) :])]
             assert best.cum_logprob == pytest.approx(sum(chosen))
             assert best.text == llm.get_tokenizer().decode(best.tokens)
         # Each prompt token once, then one token per beam and step: nothing recomputed.
@@ -187,8 +208,9 @@ def test_other_requests_crowding_the_pool_make_beams_recompute_not_fail(tiny_mod
 
     engine.block_manager.fork = spy
     for i in range(6):
-        engine.add_request(f"other-{i}", {"prompt_token_ids": [i + 3] * 9},
-                           SamplingParams(max_tokens=30, ignore_eos=True))
+        engine.add_request(
+            f"other-{i}", {"prompt_token_ids": [i + 3] * 9}, SamplingParams(max_tokens=30, ignore_eos=True)
+        )
     params = BeamSearchParams(beam_width=4, max_tokens=STEPS, ignore_eos=True)
     outs = llm.beam_search([{"prompt_token_ids": p} for p in PROMPTS[:3]], params)
     for prompt_ids, out in zip(PROMPTS, outs):
@@ -223,7 +245,7 @@ def test_beam_search_without_prefix_caching_and_with_sampling(tiny_model):
     (out,) = llm.beam_search({"prompt_token_ids": PROMPTS[0]}, BeamSearchParams(3, STEPS, temperature=1.0))
     assert len(out.sequences) == 3 and len({tuple(s.tokens) for s in out.sequences}) == 3
     for beam in out.sequences:
-        outputs = beam.tokens[len(PROMPTS[0]):]
+        outputs = beam.tokens[len(PROMPTS[0]) :]
         assert beam.cum_logprob == pytest.approx(sum(e[t].logprob for e, t in zip(beam.logprobs, outputs)))
     assert_free(llm)
 
@@ -233,8 +255,9 @@ def test_beam_search_params_are_checked(tiny_model):
         BeamSearchParams(beam_width=0, max_tokens=4)
     with pytest.raises(ValueError, match="max_tokens"):
         BeamSearchParams(beam_width=2, max_tokens=0)
-    llm = LLM(str(tiny_model("llama")), device="cpu", dtype="float32", num_kv_blocks=64, max_num_seqs=4,
-              max_model_len=32)
+    llm = LLM(
+        str(tiny_model("llama")), device="cpu", dtype="float32", num_kv_blocks=64, max_num_seqs=4, max_model_len=32
+    )
     prompt = {"prompt_token_ids": [5, 6, 7]}
     with pytest.raises(ValueError, match="prompt 0: beam_width=5 exceeds max_num_seqs=4"):
         llm.beam_search(prompt, BeamSearchParams(beam_width=5, max_tokens=4))
@@ -252,6 +275,7 @@ def entry(table: dict[int, float]) -> dict[int, Logprob]:
 
 def test_eos_finishes_a_beam_and_scores_without_it():
     """vLLM's rules on scripted logprobs: EOS (id 0) is likeliest after token 7."""
+
     def scripted(beam):
         return entry({0: -0.1, 7: -2.5, 8: -3.0} if beam.tokens[-1] == 7 else {7: -0.2, 8: -1.0, 0: -4.0})
 
@@ -268,7 +292,7 @@ def test_eos_finishes_a_beam_and_scores_without_it():
 
         return best_sequences(live, finished, 0, params, Tokenizer())
 
-    from engine.beam_search import beam_search_score
+    from engine.beam.search import beam_search_score
 
     out = search(BeamSearchParams(beam_width=2, max_tokens=3))
     best = out.sequences[0]
@@ -289,8 +313,7 @@ def request_per_step_search(llm, prompt_ids, params):
         if not live:
             break
         outs = llm.generate([{"prompt_token_ids": b.tokens} for b in live], step, use_tqdm=False)
-        chosen, done = next_beams(live, [o.outputs[0].logprobs[0] for o in outs], llm.llm_engine.eos_token_id,
-                                  params)
+        chosen, done = next_beams(live, [o.outputs[0].logprobs[0] for o in outs], llm.llm_engine.eos_token_id, params)
         finished += done
         live = [b for _, b in chosen]
     return best_sequences(live, finished, llm.llm_engine.eos_token_id, params, llm.get_tokenizer())
@@ -306,8 +329,9 @@ def test_eos_beams_match_the_request_per_step_search(tiny_model):
     (out,) = llm.beam_search({"prompt_token_ids": prompt}, params)
     expected = request_per_step_search(llm, prompt, params)
     assert [(s.tokens, s.finish_reason) for s in out.sequences] == [
-        (s.tokens, s.finish_reason) for s in expected.sequences]
+        (s.tokens, s.finish_reason) for s in expected.sequences
+    ]
     assert [s.cum_logprob for s in out.sequences] == pytest.approx([s.cum_logprob for s in expected.sequences])
     assert any(s.finish_reason == "stop" and s.tokens[-1] == eos for s in out.sequences)
-    assert all(eos not in s.tokens[len(prompt):-1] for s in out.sequences)
+    assert all(eos not in s.tokens[len(prompt) : -1] for s in out.sequences)
     assert_free(llm)

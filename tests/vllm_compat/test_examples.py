@@ -10,15 +10,27 @@ import pytest
 
 from engine import LLM, SamplingParams
 
-PROMPTS = ["Hello, my name is", "The president of the United States is", "The capital of France is",
-           "The future of AI is"]
+PROMPTS = [
+    "Hello, my name is",
+    "The president of the United States is",
+    "The capital of France is",
+    "The future of AI is",
+]
 
 
 @pytest.fixture(scope="module")
 def example_llm(model_dir):
     # vLLM's example passes only model=; the rest keeps the tiny model on the CPU.
-    return LLM(model=str(model_dir), device="cpu", dtype="float32", num_kv_blocks=64, seed=0,
-               tensor_parallel_size=1, trust_remote_code=True, max_model_len=512)
+    return LLM(
+        model=str(model_dir),
+        device="cpu",
+        dtype="float32",
+        num_kv_blocks=64,
+        seed=0,
+        tensor_parallel_size=1,
+        trust_remote_code=True,
+        max_model_len=512,
+    )
 
 
 def test_basic_example(example_llm):

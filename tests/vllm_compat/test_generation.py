@@ -33,8 +33,11 @@ def test_bad_words_are_never_completed(llm):
     tokenizer = llm.get_tokenizer()
     base = run(llm, greedy(max_tokens=24))
     # A generated token whose text is a word of its own (it encodes back to itself).
-    token = next(t for t in base.token_ids
-                 if (w := tokenizer.decode([t]).strip()) and tokenizer.encode(w, add_special_tokens=False) == [t])
+    token = next(
+        t
+        for t in base.token_ids
+        if (w := tokenizer.decode([t]).strip()) and tokenizer.encode(w, add_special_tokens=False) == [t]
+    )
     word = tokenizer.decode([token]).strip()
     out = run(llm, greedy(max_tokens=24, bad_words=[word]))
     assert token not in out.token_ids

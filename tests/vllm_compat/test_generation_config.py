@@ -11,8 +11,14 @@ import pytest
 from engine import LLM, SamplingParams
 
 PROMPT = "0123"
-DEFAULTS = {"do_sample": True, "temperature": 0.6, "top_k": 7, "top_p": 0.9, "repetition_penalty": 1.2,
-            "max_new_tokens": 5}
+DEFAULTS = {
+    "do_sample": True,
+    "temperature": 0.6,
+    "top_k": 7,
+    "top_p": 0.9,
+    "repetition_penalty": 1.2,
+    "max_new_tokens": 5,
+}
 
 
 @pytest.fixture(scope="module")
@@ -44,16 +50,22 @@ def test_eos_from_generation_config_stops_generation(configured_dir, eos_token):
         first = base.index(eos)
         assert out.token_ids == base[: first + 1] and out.finish_reason == "stop"
         assert out.stop_reason == eos  # not the tokenizer's EOS: a stop token id, as in vLLM
-        ignored = llm.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
-                               use_tqdm=False)[0].outputs[0]
+        ignored = llm.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), use_tqdm=False)[
+            0
+        ].outputs[0]
         assert ignored.token_ids == base
 
 
 def test_defaults_apply_and_per_request_params_override(configured_dir):
     llm = make(configured_dir)
     defaults = llm.get_default_sampling_params()
-    assert (defaults.temperature, defaults.top_k, defaults.top_p, defaults.repetition_penalty, defaults.max_tokens) \
-        == (0.6, 7, 0.9, 1.2, 5)
+    assert (defaults.temperature, defaults.top_k, defaults.top_p, defaults.repetition_penalty, defaults.max_tokens) == (
+        0.6,
+        7,
+        0.9,
+        1.2,
+        5,
+    )
     out = llm.generate(PROMPT, use_tqdm=False)[0].outputs[0]
     assert len(out.token_ids) <= 5  # max_new_tokens=5 applied
     own = llm.generate(PROMPT, SamplingParams(max_tokens=9, ignore_eos=True), use_tqdm=False)[0].outputs[0]

@@ -16,11 +16,28 @@ def test_common_vllm_constructor_arguments_are_accepted(model_dir, tmp_path):
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(model_dir / name, tokenizer_dir / name)
     llm = LLM(
-        model=str(model_dir), tensor_parallel_size=1, trust_remote_code=True, tokenizer=str(tokenizer_dir),
-        tokenizer_mode="auto", revision=None, max_logprobs=5, enable_chunked_prefill=True, disable_log_stats=True,
-        swap_space=4, generation_config="vllm", hf_overrides={"max_position_embeddings": 128}, seed=None,
-        device="cpu", dtype="float32", num_kv_blocks=16, gpu_memory_utilization=0.5, enforce_eager=True,
-        max_model_len=None, quantization=None, kv_cache_dtype="auto", task="generate",
+        model=str(model_dir),
+        tensor_parallel_size=1,
+        trust_remote_code=True,
+        tokenizer=str(tokenizer_dir),
+        tokenizer_mode="auto",
+        revision=None,
+        max_logprobs=5,
+        enable_chunked_prefill=True,
+        disable_log_stats=True,
+        swap_space=4,
+        generation_config="vllm",
+        hf_overrides={"max_position_embeddings": 128},
+        seed=None,
+        device="cpu",
+        dtype="float32",
+        num_kv_blocks=16,
+        gpu_memory_utilization=0.5,
+        enforce_eager=True,
+        max_model_len=None,
+        quantization=None,
+        kv_cache_dtype="auto",
+        task="generate",
     )
     assert llm.llm_engine.max_model_len == 128  # hf_overrides reached config.json
     out = llm.generate("Hello", SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
@@ -40,10 +57,9 @@ def test_seed_none_is_not_reproducible_but_a_seed_is(model_dir):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(tensor_parallel_size=2), "tensor_parallel_size=2 is not supported: tensor parallelism is not supported"),
+        (dict(tensor_parallel_size=0), "tensor_parallel_size must be a positive integer, got 0"),
         (dict(pipeline_parallel_size=2), "pipeline_parallel_size"),
         (dict(quantization="awq"), "quantization"),
-        (dict(enable_lora=True), "enable_lora"),
         (dict(scheduling_policy="lottery"), "scheduling_policy='lottery' is not supported; use fcfs or priority"),
         (dict(tokenizer_mode="mistral"), "tokenizer_mode"),
         (dict(hf_overrides=lambda c: c), "hf_overrides"),
@@ -69,12 +85,12 @@ def test_priority_lora_and_metrics(llm):
     assert len(llm.generate(["a", "b"], params, use_tqdm=False, priority=[0, 0])) == 2
     # vLLM V1, under its default fcfs: any integer priority is accepted and changes nothing
     assert len(llm.generate(["a", "b"], params, use_tqdm=False, priority=[1, 0])) == 2
-    with pytest.raises(ValueError, match="lora_request is not supported"):
+    with pytest.raises(ValueError, match="enable_lora=True"):  # vLLM: LoRA must be enabled first
         llm.generate("a", params, use_tqdm=False, lora_request=object())
 
 
 def test_get_metrics(model_dir):
-    from engine.metrics import Counter, Gauge
+    from engine.entrypoints.llm_metrics import Counter, Gauge
 
     llm = LLM(str(model_dir), device="cpu", dtype="float32", num_kv_blocks=16)
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)

@@ -32,8 +32,9 @@ def test_logprobs_equal_transformers_with_ranks(llm, hf_model, logprobs):
     tokenizer = llm.get_tokenizer()
     prompt_ids = tokenizer(PROMPT).input_ids
     # Penalties and top_k change what is sampled, never the logprobs reported (vLLM's raw logprobs).
-    params = SamplingParams(temperature=1.0, top_k=8, repetition_penalty=1.5, seed=4, max_tokens=8,
-                            ignore_eos=True, logprobs=logprobs)
+    params = SamplingParams(
+        temperature=1.0, top_k=8, repetition_penalty=1.5, seed=4, max_tokens=8, ignore_eos=True, logprobs=logprobs
+    )
     out = llm.generate({"prompt_token_ids": prompt_ids}, params, use_tqdm=False)[0].outputs[0]
     ref = reference_logprobs(hf_model, prompt_ids, out.token_ids)
     vocab = ref.shape[-1]
@@ -52,8 +53,9 @@ def test_logprobs_equal_transformers_with_ranks(llm, hf_model, logprobs):
             assert lp.decoded_token == tokenizer.decode([t])
         total += entry[token].logprob
     assert out.cumulative_logprob == pytest.approx(total, abs=1e-4)
-    assert out.cumulative_logprob == pytest.approx(float(ref.gather(1, torch.tensor(out.token_ids)[:, None]).sum()),
-                                                   abs=1e-3)
+    assert out.cumulative_logprob == pytest.approx(
+        float(ref.gather(1, torch.tensor(out.token_ids)[:, None]).sum()), abs=1e-3
+    )
 
 
 def test_logprobs_true_means_one_and_none_means_none(llm):

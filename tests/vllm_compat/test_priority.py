@@ -12,8 +12,9 @@ from tests.helpers import assert_pool_free
 
 
 def test_waiting_requests_run_lowest_priority_value_first_then_oldest(model_dir):
-    llm = LLM(str(model_dir), device="cpu", dtype="float32", num_kv_blocks=64, max_num_seqs=1,
-              scheduling_policy="priority")  # fmt: skip
+    llm = LLM(
+        str(model_dir), device="cpu", dtype="float32", num_kv_blocks=64, max_num_seqs=1, scheduling_policy="priority"
+    )
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     prompts = [{"prompt_token_ids": [7, 8, 9 + i]} for i in range(5)]
     outputs = llm.generate(prompts, params, use_tqdm=False, priority=[3, 1, -2, 1, 3])
@@ -27,8 +28,9 @@ def test_waiting_requests_run_lowest_priority_value_first_then_oldest(model_dir)
 
 def _preemptions(model_dir, policy: str, priorities: dict[str, int]) -> tuple[list[str], dict]:
     """Three requests that outgrow a 6-block pool together; the ids preempted, in order, and the outputs."""
-    engine = LLMEngine(str(model_dir), device="cpu", dtype="float32", num_kv_blocks=6, block_size=16,
-                       scheduling_policy=policy)  # fmt: skip
+    engine = LLMEngine(
+        str(model_dir), device="cpu", dtype="float32", num_kv_blocks=6, block_size=16, scheduling_policy=policy
+    )
     victims = []
     preempt = engine.scheduler._preempt
 

@@ -45,16 +45,18 @@ def test_prompt_logprobs_equal_transformers(llm, reference, k):
 
 
 def test_all_vocabulary_prompt_logprobs(llm, reference):
-    out = llm.generate({"prompt_token_ids": PROMPT_IDS[:6]}, SamplingParams(max_tokens=1, prompt_logprobs=-1),
-                       use_tqdm=False)[0]
+    out = llm.generate(
+        {"prompt_token_ids": PROMPT_IDS[:6]}, SamplingParams(max_tokens=1, prompt_logprobs=-1), use_tqdm=False
+    )[0]
     assert all(len(entry) == reference.shape[-1] for entry in out.prompt_logprobs[1:])
 
 
 def test_chunked_preempted_and_prefix_cached_prompts_give_the_same(model_dir, llm, reference):
     """A 5-token budget chunks the prompt; a small pool preempts; a prompt already in the prefix cache
     is recomputed for its logprobs (vLLM skips reading the cache for such requests)."""
-    tight = LLM(str(model_dir), device="cpu", dtype="float32", num_kv_blocks=9, max_num_batched_tokens=5,
-                max_num_seqs=4)
+    tight = LLM(
+        str(model_dir), device="cpu", dtype="float32", num_kv_blocks=9, max_num_batched_tokens=5, max_num_seqs=4
+    )
     params = SamplingParams(temperature=1.0, seed=1, max_tokens=30, ignore_eos=True, prompt_logprobs=2)
     others = [{"prompt_token_ids": [(11 * j + i) % 500 + 4 for j in range(40)]} for i in range(2)]
     outs = tight.generate([{"prompt_token_ids": PROMPT_IDS}, *others], [params, params, params], use_tqdm=False)
@@ -63,6 +65,10 @@ def test_chunked_preempted_and_prefix_cached_prompts_give_the_same(model_dir, ll
     again = tight.generate({"prompt_token_ids": PROMPT_IDS}, params, use_tqdm=False)[0]
     assert again.num_cached_tokens == 0
     check(again.prompt_logprobs, reference, 2)
-    assert tight.generate({"prompt_token_ids": PROMPT_IDS}, SamplingParams(max_tokens=1),
-                          use_tqdm=False)[0].num_cached_tokens > 0  # others still read the cache
+    assert (
+        tight.generate({"prompt_token_ids": PROMPT_IDS}, SamplingParams(max_tokens=1), use_tqdm=False)[
+            0
+        ].num_cached_tokens
+        > 0
+    )  # others still read the cache
     assert_pool_free(tight.llm_engine)

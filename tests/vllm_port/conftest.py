@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM
-from engine.tiny import write_tiny_model
+from engine.testing.tiny import write_tiny_model
 from tests.helpers import assert_pool_free
 
 # vLLM's example prompts (tests/prompts/example.txt's first lines are of this kind)
@@ -38,9 +38,10 @@ def example_prompts():
 def small_llm(model_dir):
     """A second engine for the tests that build their own `LLM` with other arguments (plain torch kernels:
     nothing to compile)."""
+
     def make(**kwargs):
-        return LLM(str(model_dir), device="cpu", dtype="float32", num_kv_blocks=64, attention_backend="torch",
-                   **kwargs)
+        return LLM(str(model_dir), device="cpu", dtype="float32", num_kv_blocks=64, attention_backend="torch", **kwargs)
+
     return make
 
 

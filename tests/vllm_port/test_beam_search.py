@@ -22,10 +22,18 @@ def hf_model(model_dir):
 def _hf_beam_search(hf, tokenizer, prompt, beam_width, max_tokens):
     ids = tokenizer(prompt, add_special_tokens=False).input_ids
     with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), num_beams=beam_width, num_return_sequences=beam_width,
-                          do_sample=False, max_new_tokens=max_tokens, min_new_tokens=max_tokens, length_penalty=1.0,
-                          early_stopping=False, pad_token_id=0,
-                          attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+        out = hf.generate(
+            torch.tensor([ids]),
+            num_beams=beam_width,
+            num_return_sequences=beam_width,
+            do_sample=False,
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            length_penalty=1.0,
+            early_stopping=False,
+            pad_token_id=0,
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+        )
     return out.tolist()
 
 

@@ -22,8 +22,9 @@ MIN_TOKENS_TEST_CASES = [
     MinTokensTestCase("basic_min_tokens_no_stop", 8, 20, None, 8),
     MinTokensTestCase("min_tokens_zero", 0, 10, None, 0),
     MinTokensTestCase("min_equals_max_no_stop", 15, 15, None, expected_exact_len=15),
-    MinTokensTestCase("min_tokens_with_comprehensive_stops", 5, 20,
-                      ["a", "e", "i", "o", "u", "t", "n", "s", "r", "l", " "], 5),
+    MinTokensTestCase(
+        "min_tokens_with_comprehensive_stops", 5, 20, ["a", "e", "i", "o", "u", "t", "n", "s", "r", "l", " "], 5
+    ),
     MinTokensTestCase("min_tokens_with_simple_char_stop", 3, 15, ["e", "a", " "], 3),
     MinTokensTestCase("min_equals_max_eos_only", 20, 20, None, expected_exact_len=20),
     MinTokensTestCase("large_min_tokens", 50, 60, None, 50),
@@ -37,8 +38,13 @@ def _count(output) -> int:
 
 @pytest.mark.parametrize("test_case", MIN_TOKENS_TEST_CASES, ids=lambda tc: tc.name)
 def test_min_tokens_comprehensive(llm: LLM, test_case):
-    params = SamplingParams(min_tokens=test_case.min_tokens, max_tokens=test_case.max_tokens, stop=test_case.stop,
-                            temperature=GREEDY, include_stop_str_in_output=True)
+    params = SamplingParams(
+        min_tokens=test_case.min_tokens,
+        max_tokens=test_case.max_tokens,
+        stop=test_case.stop,
+        temperature=GREEDY,
+        include_stop_str_in_output=True,
+    )
     (output,) = llm.generate(["Hello"], params)
     if test_case.expected_exact_len is not None:
         assert _count(output) == test_case.expected_exact_len
@@ -52,15 +58,21 @@ def test_min_tokens_basic_functionality(llm: LLM):
 
 
 def test_min_tokens_stop_strings_bug(llm: LLM):
-    params = SamplingParams(min_tokens=15, max_tokens=50, stop=["e"], temperature=GREEDY,
-                            include_stop_str_in_output=True)
+    params = SamplingParams(
+        min_tokens=15, max_tokens=50, stop=["e"], temperature=GREEDY, include_stop_str_in_output=True
+    )
     (output,) = llm.generate(["The quick brown fox"], params)
     assert _count(output) >= 15
 
 
 def test_min_tokens_stop_strings_guaranteed_early_trigger(llm: LLM):
-    params = SamplingParams(min_tokens=50, max_tokens=200, stop=["e", "a", "i", "o", "u", " ", "t", "n", "s", "r"],
-                            temperature=GREEDY, include_stop_str_in_output=True)
+    params = SamplingParams(
+        min_tokens=50,
+        max_tokens=200,
+        stop=["e", "a", "i", "o", "u", " ", "t", "n", "s", "r"],
+        temperature=GREEDY,
+        include_stop_str_in_output=True,
+    )
     (output,) = llm.generate(["The cat"], params)
     if output.outputs[0].finish_reason == "stop":
         assert _count(output) >= 50
@@ -75,8 +87,9 @@ def test_min_tokens_eos_behavior(llm: LLM):
     assert choice.finish_reason == "stop"
     assert choice.stop_reason is None
     assert len(choice.token_ids) < max_toks
-    (with_min,) = llm.generate([prompt], SamplingParams(min_tokens=max_toks, max_tokens=max_toks, temperature=GREEDY,
-                                                        logit_bias=likes_eos))
+    (with_min,) = llm.generate(
+        [prompt], SamplingParams(min_tokens=max_toks, max_tokens=max_toks, temperature=GREEDY, logit_bias=likes_eos)
+    )
     choice = with_min.outputs[0]
     assert len(choice.token_ids) == max_toks
     assert choice.finish_reason == "length"

@@ -21,8 +21,9 @@ def test_ignore_eos(llm: LLM, example_prompts, max_tokens):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_random_sample_with_seed(llm: LLM, example_prompts, seed):
     rng = random.Random(seed)
-    sampling_params = SamplingParams(temperature=2.0, presence_penalty=2.0, frequency_penalty=2.0,
-                                     repetition_penalty=2.0)
+    sampling_params = SamplingParams(
+        temperature=2.0, presence_penalty=2.0, frequency_penalty=2.0, repetition_penalty=2.0
+    )
     seeded_a = SamplingParams(temperature=2.0, seed=rng.randint(0, 100))
     seeded_b = SamplingParams(temperature=2.0, seed=rng.randint(101, 200))
     prompts, params = [], []
@@ -42,8 +43,13 @@ def test_ranks(llm: LLM, example_prompts):
     num_top_logprobs = 5
     num_prompt_logprobs = 5
     max_tokens = 16
-    greedy = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=max_tokens, logprobs=num_top_logprobs,
-                            prompt_logprobs=num_prompt_logprobs)
+    greedy = SamplingParams(
+        temperature=0.0,
+        top_p=1.0,
+        max_tokens=max_tokens,
+        logprobs=num_top_logprobs,
+        prompt_logprobs=num_prompt_logprobs,
+    )
     for result in llm.generate(example_prompts, greedy):
         assert result.prompt_logprobs is not None
         for token, lps in zip(result.prompt_token_ids[1:], result.prompt_logprobs[1:]):
@@ -62,8 +68,13 @@ def test_ranks(llm: LLM, example_prompts):
 @pytest.mark.parametrize("detokenize", [True, False])
 def test_get_prompt_logprobs(llm: LLM, example_prompts, num_top_logprobs, detokenize):
     max_tokens = 5
-    params = SamplingParams(max_tokens=max_tokens, logprobs=num_top_logprobs, prompt_logprobs=num_top_logprobs,
-                            temperature=0.0, detokenize=detokenize)
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        logprobs=num_top_logprobs,
+        prompt_logprobs=num_top_logprobs,
+        temperature=0.0,
+        detokenize=detokenize,
+    )
     results = llm.generate(example_prompts, params)
     for result in results:
         assert result.prompt_logprobs[0] is None

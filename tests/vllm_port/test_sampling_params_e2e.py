@@ -23,8 +23,15 @@ def test_best_of(llm: LLM):
 
 
 def test_penalties(llm: LLM):
-    params = SamplingParams(temperature=1.2, presence_penalty=1.2, frequency_penalty=1.2, repetition_penalty=1.2,
-                            min_p=0.5, top_p=0.5, top_k=3)
+    params = SamplingParams(
+        temperature=1.2,
+        presence_penalty=1.2,
+        frequency_penalty=1.2,
+        repetition_penalty=1.2,
+        min_p=0.5,
+        top_p=0.5,
+        top_k=3,
+    )
     llm.generate(PROMPT, params)
 
 
@@ -66,8 +73,11 @@ def test_detokenize_false(llm: LLM):
             assert all(lp.decoded_token is None for lp in logprobs.values())
 
 
-@pytest.mark.xfail(strict=True, reason="the tiny tokenizer: a word of the random text (' caccks') is not the "
-                   "token sequence that encoding the word gives, and vLLM's bad-words rule (ours) bans only that")
+@pytest.mark.xfail(
+    strict=True,
+    reason="the tiny tokenizer: a word of the random text (' caccks') is not the "
+    "token sequence that encoding the word gives, and vLLM's bad-words rule (ours) bans only that",
+)
 def test_bad_words(llm: LLM):
     split_text = llm.generate(WORDS_PROMPT, SamplingParams(temperature=0))[0].outputs[0].text.split()
     bad_words_1 = " ".join(split_text[:2])

@@ -1,0 +1,165 @@
+"""A prompt's images through the model directory's own image processor (transformers' PIL
+implementation: torchvision is never needed), and its placeholders expanded as the family's
+transformers processor expands them: each image marker in the text becomes that image's run of image
+tokens, then the text is tokenized as usual and each run is located in the token ids."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.multimodal.families import WHOLE_IMAGE_FAMILIES, multimodal_family
+from engine.multimodal.images import ImageError, image_hash
+from engine.multimodal.mrope import prompt_positions
+
+
+@dataclass
+class ImageItem:
+    hash: bytes
+    length: int  # placeholder tokens in the prompt
+    pixels: dict  # the encoder's inputs for this image (pixel_values, and image_grid_thw for Qwen2.5-VL)
+    offset: int = -1  # the first placeholder's position in the prompt, once located
+
+
+@dataclass
+class MultiModalPrompt:
+    images: list[ImageItem]
+    salt: bytes = b""  # the images' hashes together: the prefix cache's root, so other images share no KV
+    whole_images: bool = False  # a prefill chunk may not end inside an image (Gemma 3's bidirectional images)
+    extra: dict = field(default_factory=dict)  # family data (Qwen2.5-VL's M-RoPE positions)
+
+    def overlapping(self, start: int, end: int):
+        """(image, first index inside the image, first prompt position, count) for the images whose
+        placeholder run meets positions [start, end)."""
+        for item in self.images:
+            lo, hi = max(start, item.offset), min(end, item.offset + item.length)
+            if lo < hi:
+                yield item, lo - item.offset, lo, hi - lo
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+class ImagePromptProcessor:
+    def __init__(self, model_path: Path, raw_config: dict, tokenizer):
+        self.family = multimodal_family(raw_config)
+        self.config = raw_config
+        self.tokenizer = tokenizer
+        settings = {
+            **_read_json(model_path / "preprocessor_config.json"),
+            **_read_json(model_path / "processor_config.json"),
+        }
+        settings.pop("image_processor", None)
+        self.settings = settings
+        self._recent: dict[bytes, dict] = {}
+        self.image_processor = _load_image_processor(model_path)
+        vocab = tokenizer.get_vocab()
+        if self.family == "llava":
+            self.marker = settings.get("image_token", "<image>")
+            self.image_token = self.marker
+        elif self.family == "gemma3":
+            self.marker = getattr(tokenizer, "boi_token", None) or "<start_of_image>"
+            self.image_token = getattr(tokenizer, "image_token", None) or "<image_soft_token>"
+            self.eoi = getattr(tokenizer, "eoi_token", None) or "<end_of_image>"
+        else:
+            self.marker = self.image_token = "<|image_pad|>"
+        if self.image_token not in vocab:
+            raise ValueError(f"the tokenizer has no image token {self.image_token!r}")
+        self.image_token_id = vocab[self.image_token]
+
+    def preprocess(self, images: list) -> list[ImageItem]:
+        """Each image's processor outputs and placeholder count (the last few images' kept by hash)."""
+        items = []
+        for image in images:
+            key = image_hash(image)
+            pixels = self._recent.get(key)
+            if pixels is None:
+                pixels = dict(self.image_processor(images=[image], return_tensors="pt"))
+                self._recent[key] = pixels
+                while len(self._recent) > 64:
+                    self._recent.pop(next(iter(self._recent)))
+            items.append(ImageItem(key, self._num_tokens(pixels), pixels))
+        return items
+
+    def expand_tokens(self, token_ids: list[int], items: list[ImageItem]) -> list[int]:
+        """Token ids whose image placeholders are already expanded, as they are; else each single
+        image token becomes its image's run (vLLM's token prompts)."""
+        count = token_ids.count(self.image_token_id)
+        if count == sum(item.length for item in items) or count != len(items):
+            return token_ids
+        out, images = [], iter(items)
+        for token in token_ids:
+            out += [token] * next(images).length if token == self.image_token_id else [token]
+        return out
+
+    def _num_tokens(self, pixels: dict) -> int:
+        if self.family == "llava":
+            height, width = pixels["pixel_values"].shape[-2:]
+            patch = self.settings.get("patch_size") or self.config["vision_config"]["patch_size"]
+            strategy = self.settings.get(
+                "vision_feature_select_strategy", self.config.get("vision_feature_select_strategy", "default")
+            )
+            extra = self.settings.get("num_additional_image_tokens", 0)
+            return (height // patch) * (width // patch) + extra - (strategy == "default")
+        if self.family == "gemma3":
+            return self.config.get("mm_tokens_per_image", 256)
+        merge = self.image_processor.merge_size
+        return int(pixels["image_grid_thw"][0].prod()) // merge**2
+
+    def expand(self, text: str, items: list[ImageItem]) -> str:
+        """The prompt text with each image marker replaced as the transformers processor does."""
+        pieces = text.split(self.marker)
+        if len(pieces) - 1 != len(items):
+            raise ImageError(
+                "image_placeholder_mismatch",
+                f"the prompt has {len(pieces) - 1} image placeholders ({self.marker!r}) but {len(items)} images",
+            )
+        out = [pieces[0]]
+        for item, piece in zip(items, pieces[1:]):
+            out += [self._replacement(item), piece]
+        return "".join(out)
+
+    def _replacement(self, item: ImageItem) -> str:
+        run = self.image_token * item.length
+        if self.family == "gemma3":
+            return f"\n\n{self.marker}{run}{self.eoi}\n\n"
+        return run
+
+    def locate(self, token_ids: list[int], items: list[ImageItem]) -> MultiModalPrompt:
+        """Each image's placeholder run in the tokenized prompt, in order."""
+        positions = [i for i, t in enumerate(token_ids) if t == self.image_token_id]
+        if len(positions) != sum(item.length for item in items):
+            raise ImageError(
+                "image_placeholder_mismatch",
+                f"the prompt holds {len(positions)} image tokens; its images need {sum(item.length for item in items)}",
+            )
+        at = 0
+        for item in items:
+            item.offset = positions[at]
+            if positions[at + item.length - 1] != item.offset + item.length - 1:
+                raise ImageError("image_placeholder_mismatch", "an image's placeholder tokens are not contiguous")
+            at += item.length
+        salt = hashlib.sha256(b"".join(item.hash for item in items)).digest() if items else b""
+        prompt = MultiModalPrompt(items, salt, self.family in WHOLE_IMAGE_FAMILIES)
+        if self.family == "qwen2_5_vl" and items:
+            prompt.extra["mrope"] = prompt_positions(len(token_ids), items, self.image_processor.merge_size)
+        return prompt
+
+
+def _load_image_processor(path: Path):
+    """The directory's image processor (preprocessor_config.json, or transformers 5's processor_config.json
+    "image_processor" entry), in its PIL implementation: no torchvision."""
+    import transformers
+
+    settings = _read_json(path / "processor_config.json").get("image_processor") or _read_json(
+        path / "preprocessor_config.json"
+    )
+    name = settings.get("image_processor_type", "")
+    base = name.removesuffix("Fast").removesuffix("Pil")
+    cls = getattr(transformers, base + "Pil", None) or getattr(transformers, base, None)
+    if cls is None:
+        raise ValueError(f"unknown image processor {name!r} in {path}")
+    return cls.from_dict({k: v for k, v in settings.items() if k != "image_processor_type"})

@@ -1,0 +1,1 @@
+"""Logits to tokens: the sampler, per-request logit masks, structured-output grammars, prompt logprobs."""

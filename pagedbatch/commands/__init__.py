@@ -1,0 +1,1 @@
+"""The CLI's subcommands, one module per group: admin, client, doctor, engine, server."""

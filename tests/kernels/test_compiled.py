@@ -1,0 +1,268 @@
+"""The CPU engine's compiled kernels
+(`pagedbatch_kernels.compiled`, `pagedbatch_kernels.cpu.cpu_attention`) against their
+plain-torch twins in `pagedbatch_kernels.reference` on random inputs of many shapes, and the eager fallback
+where compiling fails."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from pagedbatch_kernels import compiled, reference
+from pagedbatch_kernels.cpu import cpu_attention, cpu_decode, cpu_prefill
+from tests.kernels.test_reference import make_batch, naive, with_shared_prefixes
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads", [(4, 4), (6, 2), (8, 1)], ids=["mha", "gqa3", "mqa"])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        ([1], [0]),  # one sequence, one token: the batch and the table are padded to two
+        ([1, 1], [15, 16]),  # a context of exactly one block, and one past it
+        ([1] * 9, [3, 70, 15, 33, 200, 48, 1, 16, 17]),  # a pure decode step of mixed lengths
+        ([1, 1, 40, 9, 1, 23], [70, 15, 0, 48, 16, 17]),  # decodes among prefills and prefix chunks
+        ([1, 100, 3, 70], [30, 0, 20, 33]),  # chunks longer than SHORT_CHUNK: cpu_prefill
+        ([300, 1, 270], [0, 9, 40]),  # chunks of more than one QUERY_BLOCK
+    ],
+    ids=["single", "block-edges", "decodes", "mixed", "long-chunks", "query-blocks"],
+)
+def test_paged_attention_equals_naive(shape, heads, dtype):
+    q_lens, ctx_lens = shape
+    batch = make_batch(q_lens, ctx_lens, *heads, dtype)
+    got = cpu_attention.paged_attention(**batch)
+    torch.testing.assert_close(got.double(), naive(**batch), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("head_dim,block_size", [(16, 16), (48, 8), (64, 32), (128, 16)])
+def test_decode_kernel_equals_the_reference_decode(head_dim, block_size):
+    q_lens, ctx_lens = [1] * 5, [5, 90, 31, 32, 64]
+    batch = make_batch(q_lens, ctx_lens, 8, 2, torch.float32, head_dim=head_dim, block_size=block_size, seed=3)
+    expected = reference.paged_attention(**batch)
+    got = cpu_attention.paged_attention(**batch)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2, 37])
+def test_pointwise_kernels_equal_the_reference(rows, dtype):
+    with compiled.compiling_everything():
+        _check_pointwise_kernels(rows, dtype)
+
+
+def test_small_calls_run_eagerly_and_large_ones_compiled(monkeypatch):
+    compiles = []
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiles.append(fn) or real_compile(fn, **kw))
+    kernel = compiled.Compiled(reference.silu_and_mul, eager_below=1000)
+    small, large = torch.randn(3, 64), torch.randn(40, 64)
+    assert torch.equal(kernel(small), reference.silu_and_mul(small)) and compiles == []
+    torch.testing.assert_close(kernel(large), reference.silu_and_mul(large))
+    assert compiles == [reference.silu_and_mul]
+    with compiled.compiling_everything():
+        torch.testing.assert_close(kernel(small), reference.silu_and_mul(small))
+    assert not compiled.Compiled.force
+
+
+def test_bounds_per_dtype_and_an_infinite_one_never_compiles(monkeypatch):
+    compiles, smalls = [], []
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiles.append(fn) or real_compile(fn, **kw))
+    kernel = compiled.Compiled(
+        reference.silu_and_mul,
+        eager_below={torch.float32: compiled.NATIVE_ALWAYS, None: 1000},
+        small=lambda x: smalls.append(x.dtype) or reference.silu_and_mul(x),
+    )
+    large32, large16 = torch.randn(40, 64), torch.randn(40, 64).bfloat16()
+    with compiled.compiling_everything():  # not even the warm-up compiles an infinite bound's calls
+        assert torch.equal(kernel(large32), reference.silu_and_mul(large32))
+    assert compiles == [] and smalls == [torch.float32]
+    torch.testing.assert_close(kernel(large16), reference.silu_and_mul(large16))
+    assert compiles == [reference.silu_and_mul] and smalls == [torch.float32]  # bfloat16: the default bound
+    kernel(torch.randn(3, 64).bfloat16())
+    assert smalls == [torch.float32, torch.bfloat16]
+
+
+def _check_pointwise_kernels(rows, dtype):
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 96, generator=gen).to(dtype)
+    residual = torch.randn(rows, 96, generator=gen).to(dtype)
+    weight = torch.randn(96, generator=gen).to(dtype)
+    tol = dict(atol=TOL[dtype], rtol=TOL[dtype])
+    torch.testing.assert_close(compiled.rms_norm(x, weight, 1e-6), reference.rms_norm(x, weight, 1e-6), **tol)
+    got, expected = (
+        compiled.fused_add_rms_norm(x, residual, weight, 1e-5),
+        reference.fused_add_rms_norm(x, residual, weight, 1e-5),
+    )
+    torch.testing.assert_close(got, expected, **tol)
+    gate_up = torch.randn(rows, 2 * 64, generator=gen).to(dtype)
+    torch.testing.assert_close(compiled.silu_and_mul(gate_up), reference.silu_and_mul(gate_up), **tol)
+
+
+def test_a_kernel_that_fails_to_compile_runs_eagerly_with_a_warning(monkeypatch, caplog):
+    def broken_compile(fn, **kwargs):
+        def run(*args):
+            raise RuntimeError("no C++ compiler")
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    kernel = compiled.Compiled(reference.silu_and_mul)
+    x = torch.randn(3, 8)
+    with caplog.at_level(logging.WARNING, logger="pagedbatch_kernels.compiled"):
+        assert torch.equal(kernel(x), reference.silu_and_mul(x))
+    assert kernel.failed and "no C++ compiler" in caplog.text
+    assert torch.equal(kernel(x), reference.silu_and_mul(x))  # and no second attempt
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["apart", "shared-prefix"])
+def test_the_decode_kernel_falls_back_to_the_reference_decode(monkeypatch, shared):
+    kernel = compiled.Compiled(cpu_decode.decode_attention, fallback=cpu_decode._reference_decode)
+    kernel.failed = True
+    monkeypatch.setattr(cpu_decode, "_decode", kernel)
+    batch = make_batch([1] * 7 + [9], [60, 48, 70, 32, 20, 31, 40, 30], 6, 2, torch.float32)
+    batch = with_shared_prefixes(batch) if shared else batch
+    torch.testing.assert_close(cpu_attention.paged_attention(**batch).double(), naive(**batch), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads", [(4, 4), (6, 2)], ids=["mha", "gqa3"])
+def test_decodes_sharing_prefix_blocks_equal_naive(heads, dtype):
+    case = ([1, 1, 1, 1, 1, 1, 1, 9], [60, 48, 70, 32, 20, 31, 40, 30])
+    batch = with_shared_prefixes(make_batch(*case, *heads, dtype, seed=4))
+    plan = cpu_attention.plan_decodes(batch["block_tables"], batch["seq_lens"], batch["query_start_loc"], 16, heads)
+    # decodes 0-3 share two blocks (3 is a block short of its token), 4-5 one; the 9-token chunk's
+    # rows share their sequence's first block (its rows attend to 31..39 tokens)
+    assert sorted(len(blocks) for c in plan.calls for _, _, blocks in c.prefixes) == [1, 1, 2]
+    got = cpu_attention.paged_attention(**batch)
+    torch.testing.assert_close(got.double(), naive(**batch), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def test_a_step_is_planned_once_for_all_its_layers_and_again_when_a_buffer_changes(monkeypatch):
+    batch = make_batch([1, 1, 1], [40, 3, 17], 6, 2, torch.float32)
+    plans = []
+    real = cpu_attention.plan_decodes
+    monkeypatch.setattr(cpu_attention, "plan_decodes", lambda *a: plans.append(1) or real(*a))
+    first = [cpu_attention.paged_attention(**batch) for _ in range(3)]
+    assert len(plans) == 1 and all(torch.equal(first[0], o) for o in first)
+    batch["seq_lens"].sub_(1)  # a static buffer updated in place for the next step
+    torch.testing.assert_close(cpu_attention.paged_attention(**batch).double(), naive(**batch), atol=1e-5, rtol=1e-5)
+    assert len(plans) == 2
+
+
+def test_decodes_of_very_different_lengths_are_split_into_calls():
+    assert cpu_attention.width_groups([]) == []
+    assert cpu_attention.width_groups([5, 5, 5]) == [[0, 1, 2]]
+    groups = cpu_attention.width_groups([1, 2, 30, 31, 3, 32, 8])
+    assert sorted(i for g in groups for i in g) == list(range(7)) and len(groups) <= cpu_attention.MAX_GROUPS
+    assert [2, 3, 5] in groups and any(set(g) >= {0, 1} for g in groups)
+    batch = make_batch([1] * 6, [2, 300, 5, 290, 17, 3], 6, 2, torch.float32)
+    plan = cpu_attention.plan_decodes(batch["block_tables"], batch["seq_lens"], batch["query_start_loc"], 16, (6, 2))
+    assert len(plan.calls) >= 2
+    torch.testing.assert_close(cpu_attention.paged_attention(**batch).double(), naive(**batch), atol=1e-5, rtol=1e-5)
+
+
+LONG_CHUNKS = ([1, 100, 3, 70, 300], [30, 0, 20, 33, 0])  # prompts whole and after a cached prefix
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kernel", sorted(cpu_prefill.KERNELS))
+def test_both_prompt_kernels_equal_naive(kernel, dtype, monkeypatch):
+    monkeypatch.setenv(cpu_prefill.CHOICE_ENV, kernel)
+    batch = make_batch(*LONG_CHUNKS, 6, 2, dtype, seed=5)
+    got = cpu_attention.paged_attention(**batch)
+    torch.testing.assert_close(got.double(), naive(**batch), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def test_the_faster_prompt_kernel_is_timed_once_per_shape(monkeypatch):
+    monkeypatch.delenv(cpu_prefill.CHOICE_ENV, raising=False)
+    monkeypatch.setattr(cpu_prefill, "_choices", {})
+    timed = []
+    monkeypatch.setattr(cpu_prefill, "calibrate", lambda *key: timed.append(key) or "matmul")
+    batch = make_batch(*LONG_CHUNKS, 6, 2, torch.float32, seed=6)
+    for _ in range(3):
+        got = cpu_attention.paged_attention(**batch)
+    assert timed == [(torch.float32, 6, 2, batch["query"].shape[2], batch["k_cache"].shape[1])]
+    torch.testing.assert_close(got.double(), naive(**batch), atol=1e-5, rtol=1e-5)
+
+
+def test_calibration_names_one_of_the_kernels():
+    assert cpu_prefill.calibrate(torch.float32, 4, 2, 32, 16, tokens=96, repeats=1) in cpu_prefill.KERNELS
+
+
+def test_an_unknown_prompt_kernel_is_refused(monkeypatch):
+    monkeypatch.setenv(cpu_prefill.CHOICE_ENV, "flash")
+    with pytest.raises(ValueError, match=cpu_prefill.CHOICE_ENV):
+        cpu_attention.paged_attention(**make_batch(*LONG_CHUNKS, 6, 2, torch.float32))
+
+
+def test_only_the_varying_sizes_are_symbolic(monkeypatch):
+    """A kernel compiles once for every token count, but again for another hidden size (a constant)."""
+    graphs = []
+    real_compile = torch.compile
+
+    def counting_compile(fn, **kwargs):
+        def backend(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        return real_compile(fn, backend=backend, **kwargs)
+
+    def norm(x, weight, eps):
+        # a function of its own: dynamo remembers, per function, the sizes that changed across its
+        # compiles (another test's models) and would make them symbolic from the start
+        return reference.rms_norm(x, weight, eps)
+
+    monkeypatch.setattr(torch, "compile", counting_compile)
+    kernel = compiled.Compiled(norm)
+    weight = torch.randn(48)
+    for rows in (5, 9, 33):
+        x = torch.randn(rows, 48)
+        torch.testing.assert_close(kernel(x, weight, 1e-6), reference.rms_norm(x, weight, 1e-6))
+    assert len(graphs) == 1
+    x, weight = torch.randn(7, 64), torch.randn(64)
+    torch.testing.assert_close(kernel(x, weight, 1e-6), reference.rms_norm(x, weight, 1e-6))
+    assert len(graphs) == 2
+
+
+@pytest.mark.parametrize(("arch", "dtype"), [("llama", "float32"), ("qwen3", "float32"), ("llama", "bfloat16")])
+def test_after_the_warm_up_a_run_compiles_nothing(tiny_model, arch, dtype):
+    """Whatever the steps hold (prompts short and long, shared prefixes, decode batches of every
+    size), the kernels compiled at load serve them: a compile mid-run would stall it for seconds.
+    (bfloat16 batches the shared prefixes' attention: kernels of its own.)"""
+    llm = LLM(
+        str(tiny_model(arch)),
+        device="cpu",
+        dtype=dtype,
+        enable_prefix_caching=True,
+        num_kv_blocks=256,
+        max_num_batched_tokens=512,
+        attention_backend="compiled",
+    )
+    before = dict(torch._dynamo.utils.counters["stats"])
+    gen = torch.Generator().manual_seed(0)
+    system = torch.randint(4, 500, (40,), generator=gen).tolist()
+    prompts = [torch.randint(4, 500, (n,), generator=gen).tolist() for n in (3, 17, 200, 1, 90)]
+    prompts += [system + torch.randint(4, 500, (n,), generator=gen).tolist() for n in (2, 5, 30)]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (9, 2, 20, 33, 5, 12, 7, 25)]
+    llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert dict(torch._dynamo.utils.counters["stats"]) == before
+
+
+def test_the_cpu_set_names_the_native_rotary_and_no_wrapper_is_compiled_for_nothing():
+    """A `Compiled` whose bound is infinite for every dtype never compiles: the CPU set names the kernel it
+    would always run (the native rotary) instead of wrapping it."""
+    from engine.runner.ops import CPU_OPS
+    from pagedbatch_kernels.cpu import cpu_pointwise
+
+    assert CPU_OPS.apply_rotary is cpu_pointwise.apply_rotary
+    for name in ("rms_norm", "fused_add_rms_norm", "apply_rotary", "silu_and_mul", "write_kv_cache"):
+        kernel = getattr(CPU_OPS, name)
+        if isinstance(kernel, compiled.Compiled):
+            bounds = kernel.eager_below if isinstance(kernel.eager_below, dict) else {None: kernel.eager_below}
+            assert bounds.get(None, 0) != compiled.NATIVE_ALWAYS, f"{name} is wrapped but never compiles"
