@@ -122,6 +122,42 @@ def timed(fn, texts) -> tuple[tuple[float, float], np.ndarray]:
     return (time.perf_counter() - start, time.process_time() - cpu), vectors
 
 
+def bert_flops(config: dict, lengths: list[int]) -> float:
+    """Multiply-adds x 2 of a BERT encoder over inputs of these lengths: the GEMMs and the attention."""
+    h, i, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    per_token = 2 * (4 * h * h + 2 * h * i)
+    return layers * sum(n * per_token + 4 * n * n * h for n in lengths)
+
+
+def gemm_rate(hidden: int, intermediate: int, rows: int = 4096, repeat: int = 20) -> float:
+    """FLOP/s of this machine's float32 GEMM at the model's widest shape (torch, the current threads)."""
+    a, b = torch.randn(rows, hidden), torch.randn(intermediate, hidden)
+    for _ in range(3):
+        a @ b.T
+    start = time.perf_counter()
+    for _ in range(repeat):
+        a @ b.T
+    return 2 * rows * hidden * intermediate * repeat / (time.perf_counter() - start)
+
+
+def roofline(path, lengths: list[int], batch_size: int, best: dict) -> None:
+    """How near each side runs to the machine's GEMM rate, and the ratio that rate would allow at most."""
+    import json
+    from pathlib import Path
+
+    config = json.loads((Path(path) / "config.json").read_text())
+    groups = [lengths[i : i + batch_size] for i in range(0, len(lengths), batch_size)]
+    ours, peer = bert_flops(config, lengths), bert_flops(config, [max(g) for g in groups for _ in g])
+    rate = gemm_rate(config["hidden_size"], config["intermediate_size"])
+    print()
+    shape = f"{config['hidden_size']}x{config['intermediate_size']}"
+    print(f"roofline: float32 GEMM {rate / 1e9:.0f} GFLOP/s here (4096 rows, {shape})")
+    print("| system | GFLOP | GFLOP/s | share of GEMM rate |\n|---|---:|---:|---:|")
+    for name, flops, wall in (("pagedbatch", ours, best["ours"][0]), ("sentence-transformers", peer, best["st"][0])):
+        print(f"| {name} | {flops / 1e9:.0f} | {flops / wall / 1e9:.0f} | {flops / wall / rate:.0%} |")
+    print(f"at most {best['st'][0] / (ours / rate):.2f}x: sentence-transformers' time over ours at the full GEMM rate")
+
+
 def spread(values: list[float]) -> str:
     values = sorted(values)
     return f"{values[0]:.2f}x / {statistics.median(values):.2f}x / {values[-1]:.2f}x"
@@ -201,6 +237,8 @@ def main() -> None:
             f"| {name:<44} | {wall:8.2f} | {len(texts) / wall:8.1f} | {tokens / wall:9.0f} | "
             f"{wall / best['ours'][0]:10.2f}x | {cpu:8.2f} | {cpu / best['ours'][1]:16.2f}x |"
         )
+    if args.model == "minilm":
+        roofline(path, lengths, b, best)
     if args.repeat > 1:
         walls = [s[0] / o[0] for o, s in zip(runs["ours"], runs["st"])]
         cpus = [s[1] / o[1] for o, s in zip(runs["ours"], runs["st"])]

@@ -126,6 +126,61 @@ def engine_ready(model: Path, repeat: int, startup: str, warm_cache: Path) -> tu
     return median_of([timed([sys.executable, "-c", ENGINE_READY, str(model)], env) for _ in range(repeat)])
 
 
+def worker_ready(model: Path, repeat: int, warm_cache: Path) -> tuple[float, float]:
+    """`pagedbatch worker` from spawn to its " ready." log line (its engine built, taking shards), warm caches,
+    on a database and queues of its own (PostgreSQL and Redis where they answer, else embedded ones)."""
+    from migrations import upgrade
+    from pagedbatch.embedded import create_database, drop_database, servers_or_embedded
+    from store.settings import Settings
+
+    tmp = Path(tempfile.mkdtemp(prefix="pb-worker-"))
+    admin, broker, stops = servers_or_embedded(tmp)
+    db = f"pagedbatch_startup_{os.getpid()}"
+    create_database(admin, db)
+    stops.append(lambda: drop_database(admin, db))
+    base, _, query = admin.partition("?")
+    cfg = Settings(
+        database_url=base.rsplit("/", 1)[0] + "/" + db + ("?" + query if query else ""),
+        broker_url=broker,
+        storage_url=str(tmp / "storage"),
+        models={"tiny": str(model)},
+        broker_prefix=f"pbstartup-{os.getpid()}:",
+        queue_prefix=f"pbstartup-{os.getpid()}",
+    )
+    upgrade(cfg.database_url)
+    env = {**os.environ, **cfg.to_env(), "XDG_CACHE_HOME": str(warm_cache), "PYTHONPATH": str(REPO)}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    argv = [sys.executable, "-m", "pagedbatch", "worker", "--model", f"tiny={model}", "--device=cpu"]
+    runs = []
+    try:
+        for n in range(repeat):
+            log = tmp / f"worker-{n}.log"
+            start = time.perf_counter()
+            with open(log, "wb") as out:
+                proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+            try:
+                while b" ready." not in log.read_bytes():
+                    if proc.poll() is not None or time.perf_counter() - start > 300:
+                        raise RuntimeError("the worker did not come up:\n" + log.read_text()[-3000:])
+                    time.sleep(0.05)
+                wall = time.perf_counter() - start
+                cpu = _process_cpu(proc.pid)
+            finally:
+                proc.terminate()
+                proc.wait(timeout=60)
+            runs.append((wall, cpu))
+    finally:
+        for stop in reversed(stops):
+            stop()
+    return median_of(runs)
+
+
+def _process_cpu(pid: int) -> float:
+    """User + system seconds a live process (and its reaped children) has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
 def vllm_job(python: str, model: Path, repeat: int, cold: bool, warm_cache: Path) -> tuple[float, float]:
     runs = []
     for _ in range(repeat):
@@ -194,6 +249,7 @@ def main(argv=None) -> None:
     lines.append(row("README job, warm, --startup full", ours_job(model, args.repeat, "full", False, warm)))
     lines.append(row("engine ready (worker start), warm, full", engine_ready(model, args.repeat, "full", warm)))
     lines.append(row("engine ready (worker start), warm, quick", engine_ready(model, args.repeat, "quick", warm)))
+    lines.append(row("`pagedbatch worker` until ready, warm", worker_ready(model, args.repeat, warm)))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     ours_help = median_of([timed([sys.executable, "-m", "pagedbatch", "--help"], env) for _ in range(args.repeat)])
     vllm_help = None

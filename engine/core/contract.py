@@ -10,6 +10,7 @@ satisfies them by delegation. Nothing outside `engine/` touches a member that is
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -127,7 +128,17 @@ def missing_members(engine: object, contract: type = StepEngine) -> list[str]:
     """The members of `contract` that `engine` lacks (empty: it satisfies the contract by name)."""
     names = [n for n in dir(contract) if not n.startswith("_")]
     names += [n for c in contract.__mro__ for n in vars(c).get("__annotations__", {}) if not n.startswith("_")]
-    return sorted({n for n in names if not hasattr(engine, n)})
+    return sorted({n for n in names if not _has(engine, n)})
+
+
+def _has(engine: object, name: str) -> bool:
+    """hasattr without running a property where one is found (the engine's `tokenizer` loads transformers);
+    names served by `__getattr__` alone are still looked up the usual way."""
+    try:
+        inspect.getattr_static(engine, name)
+        return True
+    except AttributeError:
+        return hasattr(engine, name)
 
 
 def require_step_engine(engine: object) -> StepEngine:

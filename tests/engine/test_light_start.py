@@ -14,6 +14,8 @@ from engine import LLM, SamplingParams
 
 llm = LLM(sys.argv[1], num_kv_blocks=16)
 engine = llm.llm_engine
+from engine.core.contract import require_step_engine
+require_step_engine(engine)  # what a worker's engine host checks before it takes shards
 heavy_at_start = sorted(m for m in ("transformers", "xgrammar", "pandas") if m in sys.modules)
 greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 by_ids = llm.generate([{"prompt_token_ids": [5, 9, 17, 3]}], greedy)[0].outputs[0]
