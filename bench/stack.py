@@ -51,6 +51,32 @@ class Stack:
     stop: Callable[[], None]
 
 
+def own_deployment(tmp: Path, models: dict[str, str], **settings):
+    """(Settings, cleanups) of a deployment of this run's own: a fresh, migrated database and Redis prefixes on
+    the PostgreSQL and Redis that answer here (embedded ones otherwise), storage under `tmp`."""
+    from migrations import upgrade
+    from pagedbatch.embedded import create_database, drop_database, servers_or_embedded
+    from store.settings import Settings
+
+    admin, broker, stops = servers_or_embedded(tmp)
+    token = secrets.token_hex(4)
+    db = f"pagedbatch_bench_{token}"
+    create_database(admin, db)
+    stops.append(lambda: drop_database(admin, db))
+    base, _, query = admin.partition("?")
+    cfg = Settings(
+        database_url=base.rsplit("/", 1)[0] + "/" + db + ("?" + query if query else ""),
+        broker_url=broker,
+        storage_url=str(tmp / "storage"),
+        models=models,
+        broker_prefix=f"pbbench-{token}:",
+        queue_prefix=f"pbbench-{token}",
+        **settings,
+    )
+    upgrade(cfg.database_url)
+    return cfg, stops
+
+
 def start_stack(
     tmp: Path,
     model: str,
@@ -66,26 +92,7 @@ def start_stack(
     """Start the stack serving `model_path` as `model` with `workers` worker processes (`worker_args`: more of
     their flags); `settings` override Settings fields (shard_size, max_lines, ...). Database, Redis keys and
     queues are this run's own."""
-    from migrations import upgrade
-    from pagedbatch.embedded import create_database, drop_database, servers_or_embedded
-    from store.settings import Settings
-
-    admin, broker, stops = servers_or_embedded(tmp)
-    token = secrets.token_hex(4)
-    db = f"pagedbatch_bench_{token}"
-    create_database(admin, db)
-    stops.append(lambda: drop_database(admin, db))
-    base, _, query = admin.partition("?")
-    cfg = Settings(
-        database_url=base.rsplit("/", 1)[0] + "/" + db + ("?" + query if query else ""),
-        broker_url=broker,
-        storage_url=str(tmp / "storage"),
-        models={model: model_path},
-        broker_prefix=f"pbbench-{token}:",
-        queue_prefix=f"pbbench-{token}",
-        **settings,
-    )
-    upgrade(cfg.database_url)
+    cfg, stops = own_deployment(tmp, {model: model_path}, **settings)
     env = {**os.environ, **cfg.to_env()}
     procs = [
         spawn(

@@ -129,25 +129,10 @@ def engine_ready(model: Path, repeat: int, startup: str, warm_cache: Path) -> tu
 def worker_ready(model: Path, repeat: int, warm_cache: Path) -> tuple[float, float]:
     """`pagedbatch worker` from spawn to its " ready." log line (its engine built, taking shards), warm caches,
     on a database and queues of its own (PostgreSQL and Redis where they answer, else embedded ones)."""
-    from migrations import upgrade
-    from pagedbatch.embedded import create_database, drop_database, servers_or_embedded
-    from store.settings import Settings
+    from bench.stack import own_deployment
 
     tmp = Path(tempfile.mkdtemp(prefix="pb-worker-"))
-    admin, broker, stops = servers_or_embedded(tmp)
-    db = f"pagedbatch_startup_{os.getpid()}"
-    create_database(admin, db)
-    stops.append(lambda: drop_database(admin, db))
-    base, _, query = admin.partition("?")
-    cfg = Settings(
-        database_url=base.rsplit("/", 1)[0] + "/" + db + ("?" + query if query else ""),
-        broker_url=broker,
-        storage_url=str(tmp / "storage"),
-        models={"tiny": str(model)},
-        broker_prefix=f"pbstartup-{os.getpid()}:",
-        queue_prefix=f"pbstartup-{os.getpid()}",
-    )
-    upgrade(cfg.database_url)
+    cfg, stops = own_deployment(tmp, {"tiny": str(model)})
     env = {**os.environ, **cfg.to_env(), "XDG_CACHE_HOME": str(warm_cache), "PYTHONPATH": str(REPO)}
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)
     argv = [sys.executable, "-m", "pagedbatch", "worker", "--model", f"tiny={model}", "--device=cpu"]
