@@ -44,6 +44,16 @@ def _startup_mode_restored():
         os.environ["PAGEDBATCH_STARTUP"] = before
 
 
+@pytest.fixture(autouse=True)
+def _small_prefix_groups_shared(request, monkeypatch):
+    """The kernel tests check the shared-prefix path on small shapes: every shared block goes apart there,
+    whatever the engine's threshold (pagedbatch_kernels.cpu.cpu_attention.MIN_SHARED_READS)."""
+    if request.node.path.parent.name == "kernels":
+        from pagedbatch_kernels.cpu import cpu_attention
+
+        monkeypatch.setattr(cpu_attention, "MIN_SHARED_READS", 0)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def one_torch_thread():
     """Tiny models gain nothing from intra-op threads, and on a shared 2-core machine

@@ -170,21 +170,21 @@ class LLMEngine:
         )
 
     def add_request(
-        self,
-        request_id: str,
-        prompt: Prompt,
-        params: SamplingParams | None = None,
-        arrival_time: float | None = None,
-        priority: int = 0,
-        lora_request=None,
-    ) -> None:
+        self, request_id: str, prompt: Prompt, params=None, arrival_time=None, priority=0, lora_request=None
+    ):
         """Queue a request; safe to call from any thread, also while another thread steps.
         `priority` (lower first) ranks requests under scheduling_policy="priority"; under fcfs it is
         accepted and changes nothing, as in vLLM V1. `lora_request`: an `engine.LoRARequest` (or the prompt dict's)."""
+        self.add_prepared_request(request_id, prompt, params, None, arrival_time, priority, lora_request)
+
+    def add_prepared_request(
+        self, request_id, prompt, params, prepared, arrival_time=None, priority=0, lora_request=None
+    ):
+        """`add_request`, given what `prepare_request(self, prompt, params)` gave (LLM.generate checks all first)."""
         check_priority(priority, self.config.scheduling_policy)
         params = params or SamplingParams(**self.default_sampling_values)
         lora_id = register_lora(self.runner, lora_request, prompt)
-        text, ids, images = prepare_request(self, prompt, params)
+        text, ids, images = prepared or prepare_request(self, prompt, params)
         bad_words = bad_words_token_ids(self.tokenizer, params.bad_words) if params.bad_words else None
         arrival = arrival_time or time.time()
         stop_strings = StopStrings(params.stop_strings)  # indexed once, outside the engine lock

@@ -112,16 +112,17 @@ class LLM(PoolingMixin, ScoringMixin):
         priority = _priorities(priority, len(prompts), engine.config.scheduling_policy)
         params = self._params_per_prompt(sampling_params, len(prompts))
         loras = lora_per_prompt(engine, lora_request, len(prompts))
+        prepared = []
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             try:
-                prepare_request(engine, prompt, p)
+                prepared.append(prepare_request(engine, prompt, p))
             except ValueError as exc:
                 raise ValueError(f"prompt {i}: {exc}") from exc
         ids = []
-        for prompt, p, rank, lora in zip(prompts, params, priority, loras):
+        for prompt, p, rank, lora, ready in zip(prompts, params, priority, loras, prepared):
             ids.append(str(self._next_id))
             self._next_id += 1
-            engine.add_request(ids[-1], prompt, p, priority=rank, lora_request=lora)
+            engine.add_prepared_request(ids[-1], prompt, p, ready, priority=rank, lora_request=lora)
         return self._run(ids, use_tqdm)
 
     def chat(

@@ -30,19 +30,31 @@ def prompt_positions(length: int, images, merge_size: int) -> tuple[torch.Tensor
 
 
 def step_positions(seqs, num_new_tokens, device) -> torch.Tensor | None:
-    """[3, T] positions of a step's new tokens, or None when no sequence in it has M-RoPE positions.
-    Rows past a prompt (every decode row) are plain integers: no tensor work per sequence."""
-    if not any(seq.mm is not None and "mrope" in seq.mm.extra for seq in seqs):
+    """Positions of a step's new tokens, or None when no sequence in it has M-RoPE positions: [3, T]
+    where a row lies inside an image prompt's layout, else [T] (every decode step: rows past a prompt sit
+    at index + delta on all three axes, plain RoPE at that position, so no per-token rotary rows).
+    Rows past a prompt are plain integers: no tensor work per sequence."""
+    layouts = [seq.mm.extra.get("mrope") if seq.mm is not None else None for seq in seqs]
+    if not any(layouts):
         return None
+    inside = [
+        0 if layout is None else max(0, min(seq.num_computed_tokens + n, layout[0].shape[1]) - seq.num_computed_tokens)
+        for seq, n, layout in zip(seqs, num_new_tokens, layouts)
+    ]
+    if not any(inside):
+        flat = []
+        for seq, n, layout in zip(seqs, num_new_tokens, layouts):
+            start = seq.num_computed_tokens + (layout[1] if layout is not None else 0)
+            flat.extend(range(start, start + n))
+        return torch.tensor(flat, dtype=torch.long).to(device)
     axes: tuple[list, list, list] = ([], [], [])
-    for seq, n in zip(seqs, num_new_tokens):
+    for seq, n, layout, count in zip(seqs, num_new_tokens, layouts, inside):
         start = seq.num_computed_tokens
-        prompt, delta = seq.mm.extra["mrope"] if seq.mm is not None and "mrope" in seq.mm.extra else (None, 0)
-        inside = 0 if prompt is None else max(0, min(start + n, prompt.shape[1]) - start)
-        tail = range(start + inside + delta, start + n + delta)
+        prompt, delta = layout if layout is not None else (None, 0)
+        tail = range(start + count + delta, start + n + delta)
         for axis, rows in enumerate(axes):
-            if inside:
-                rows.extend(prompt[axis, start : start + inside].tolist())
+            if count:
+                rows.extend(prompt[axis, start : start + count].tolist())
             rows.extend(tail)
     return torch.tensor(axes, dtype=torch.long).to(device)
 

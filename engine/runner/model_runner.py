@@ -281,7 +281,11 @@ class ModelRunner:
         if has_images and self.images.bidirectional:
             inputs.image_spans = image_spans(batch.seqs, batch.num_new_tokens, self.block_size, self.device)
         if self.model_config.mrope_section:
-            inputs.mrope_positions = step_positions(batch.seqs, batch.num_new_tokens, self.device)
+            positions = step_positions(batch.seqs, batch.num_new_tokens, self.device)
+            if positions is not None and positions.dim() == 1:  # past every prompt: plain RoPE at index + delta
+                inputs.positions = positions
+            else:
+                inputs.mrope_positions = positions
         return input_ids, inputs, sample_rows
 
     @torch.no_grad()

@@ -34,6 +34,9 @@ MAX_GROUPS = 4
 # Chunks of up to this many new tokens go through the decode kernels, a row per token (a prompt's
 # tail after a cached prefix, say); longer ones through flash SDPA, one sequence at a time.
 SHORT_CHUNK = 64
+# A group of rows sharing prefix blocks takes them apart only where that spares this many position reads
+# ((rows - 1) x shared positions): about what a group's own calls cost at every layer.
+MIN_SHARED_READS = 128
 MIN_CHUNK_ROWS = 2  # single decodes stay with the kernel: as bmm per row they ran ~1.5x slower
 
 
@@ -146,6 +149,14 @@ def width_groups(widths: list[int], max_groups: int = MAX_GROUPS) -> list[list[i
     return groups
 
 
+def _worth_sharing(members: list[int], shared: int, block_size: int) -> bool:
+    """Whether a group's shared prefix goes apart (read once for the group, merged into each row's tail):
+    only where that spares at least MIN_SHARED_READS reads of a position. A group costs calls of its own at
+    every layer (flash attention group by group, the merge), which a pair of lines that repeat a small
+    picture (a prefix of a block or two) never wins back: their rows go whole through the kernel."""
+    return shared > 0 and (len(members) - 1) * shared * block_size >= MIN_SHARED_READS
+
+
 def plan_decodes(
     block_tables, seq_lens, query_start_loc, block_size: int, heads: tuple[int, int], native_chunks: bool = False
 ) -> DecodePlan:
@@ -167,7 +178,7 @@ def plan_decodes(
             row_seqs.append(i)
     groups = reference.shared_prefixes(tables, row_lens, block_size)
     calls = []
-    shared_rows = [(members, shared) for members, shared in groups if shared]
+    shared_rows = [(members, shared) for members, shared in groups if _worth_sharing(members, shared, block_size)]
     if shared_rows:  # every group's tails in one call, each group's prefix merged in after
         rows, tails, prefixes = [], [], []
         for members, shared in shared_rows:
@@ -195,7 +206,8 @@ def plan_decodes(
                 native_chunks=native_chunks,
             )
         )
-    alone = next((members for members, shared in groups if not shared), [])
+    kept = {id(members) for members, _ in shared_rows}
+    alone = sorted(m for members, _ in groups if id(members) not in kept for m in members)  # in row order
     # the chunks' rows in one call of their own, batched by chunk there
     in_chunk = [starts[row_seqs[m] + 1] - starts[row_seqs[m]] > 1 for m in alone]
     chunk_rows = [m for m, chunked in zip(alone, in_chunk) if chunked]

@@ -1,5 +1,6 @@
 """M-RoPE (engine/multimodal/mrope.py) against transformers' Qwen2.5-VL: the prompt's three-axis
-positions and delta as `get_rope_index` computes them, a step's rows past the prompt at index + delta,
+positions and delta as `get_rope_index` computes them, a step's rows past the prompt at index + delta
+(as one row of positions where no row of the step is inside a prompt's layout),
 and the per-token rotary rows as transformers' rotary embedding recomposes its sections."""
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ def test_step_rows_continue_at_the_delta():
     assert rows[:, len(ids) - 10 : -2].tolist() == [[len(ids) + delta, len(ids) + 1 + delta]] * 3
     assert rows[:, -2:].tolist() == [[4, 5]] * 3
     assert step_positions([text_only], [2], "cpu") is None
+    seq.num_computed_tokens = len(ids) + 3  # decoding: every row past its prompt, one position for all axes
+    assert step_positions([seq, text_only], [1, 1], "cpu").tolist() == [len(ids) + 3 + delta, 4]
 
 
 def test_cos_sin_rows_follow_the_sections():

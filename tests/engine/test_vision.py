@@ -197,3 +197,21 @@ def test_qwen_flat_checkpoint_config(tmp_path):
     cfg = ModelConfig.from_dict(raw, tmp_path)
     assert (cfg.architecture, cfg.mrope_section, cfg.rope_scaling, cfg.qkv_bias) == ("qwen2", (2, 3, 3), None, True)
     assert cfg.rope_theta == 1000000.0 and cfg.layer_windows == () and cfg.multimodal is raw
+
+
+def test_each_prompt_prepared_once(tiny_model, monkeypatch):
+    """`LLM.generate` checks every prompt before it adds any, and adds what it checked: each prompt's
+    images go through the image processor once, not once to check and again to add."""
+    from engine.multimodal.processor import ImagePromptProcessor
+
+    arch = "qwen2.5-vl"
+    path = tiny_model(arch)
+    llm = LLM(str(path))
+    calls = []
+    preprocess = ImagePromptProcessor.preprocess
+    monkeypatch.setattr(
+        ImagePromptProcessor, "preprocess", lambda self, images: calls.append(1) or preprocess(self, images)
+    )
+    requests = [(prompt(arch, 1, f" question {i}"), [picture(50 + i)]) for i in range(3)]
+    assert run(llm, requests) == [reference(path, text, images, TOKENS) for text, images in requests]
+    assert len(calls) == 3

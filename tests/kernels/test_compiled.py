@@ -143,6 +143,22 @@ def test_decodes_sharing_prefix_blocks_equal_naive(heads, dtype):
     torch.testing.assert_close(got.double(), naive(**batch), atol=TOL[dtype], rtol=TOL[dtype])
 
 
+def test_small_shared_prefixes_go_whole_through_the_kernel(monkeypatch):
+    """A group goes apart only where it spares MIN_SHARED_READS position reads: decodes 0-3 share 2
+    blocks (3 rows x 32 positions spared), 4-5 one block (16 spared)."""
+    case = ([1, 1, 1, 1, 1, 1, 1], [60, 48, 70, 40, 20, 31, 40])
+    batch = with_shared_prefixes(make_batch(*case, 6, 2, torch.float32, seed=4))
+    for threshold, expected in [(16, [1, 2]), (17, [2]), (96, [2]), (97, [])]:
+        monkeypatch.setattr(cpu_attention, "MIN_SHARED_READS", threshold)
+        args = (batch["block_tables"], batch["seq_lens"], batch["query_start_loc"], 16, (6, 2))
+        plan = cpu_attention.plan_decodes(*args)
+        assert sorted(len(blocks) for c in plan.calls for _, _, blocks in c.prefixes) == expected
+        rows = {r for c in plan.calls for r in (c.tokens.tolist() if c.tokens is not None else range(7))}
+        assert rows == set(range(7))  # every decode in some call
+    got = cpu_attention.paged_attention(**batch)
+    torch.testing.assert_close(got.double(), naive(**batch), atol=1e-5, rtol=1e-5)
+
+
 def test_a_step_is_planned_once_for_all_its_layers_and_again_when_a_buffer_changes(monkeypatch):
     batch = make_batch([1, 1, 1], [40, 3, 17], 6, 2, torch.float32)
     plans = []
