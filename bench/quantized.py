@@ -1,7 +1,8 @@
-"""Generation tokens/s of FP8 (weight-only, per channel) and W4A16 (group 32) compressed-tensors
-checkpoints against the bf16 model they were written from, in one run, plus each one's resident
-weight bytes. On the CPU the quantized weights are dequantized per matmul (the memory saving is the
-point); on a GPU the Triton W8A16/W4A16 kernel multiplies them.
+"""Generation tokens/s of FP8 (weight-only, per channel; FP8_DYNAMIC: the same weights with dynamic
+per-token FP8 activations) and W4A16 (group 32) compressed-tensors checkpoints against the bf16 model
+they were written from, in one run, plus each one's resident weight bytes. On the CPU the quantized
+weights are dequantized per matmul (the memory saving is the point); on a GPU the Triton W8A16/W4A16
+kernel multiplies them.
 
     python -m bench.quantized [--hidden 256] [--layers 4] [--prompts 8] [--max-tokens 16]
 """
@@ -67,7 +68,7 @@ def main() -> None:
             num_key_value_heads=2,
         )
         models = {"bf16": src}
-        for scheme in ("FP8_WEIGHT", "W4A16"):
+        for scheme in ("FP8_WEIGHT", "FP8_DYNAMIC", "W4A16"):
             models[scheme] = write_compressed_tensors(src, Path(tmp) / scheme, scheme)
         llms = {name: prepare(path, args) for name, path in models.items()}
         best = dict.fromkeys(llms, 0.0)

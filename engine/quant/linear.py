@@ -11,7 +11,12 @@ from torch import nn
 
 from engine.quant.config import Scheme
 from pagedbatch_kernels.cpu import cpu_native
-from pagedbatch_kernels.lora_quant.quant_reference import ROW_BLOCK_BYTES, quant_matmul_torch, quantize_fp8_per_token
+from pagedbatch_kernels.lora_quant.quant_reference import (
+    ROW_BLOCK_BYTES,
+    fp8_per_token_codes,
+    quant_matmul_torch,
+    quantize_fp8_per_token,
+)
 
 
 class QuantLinear(nn.Module):
@@ -107,7 +112,7 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.scheme.act_dynamic:
-            x = quantize_fp8_per_token(x, self.scheme.act_group)
+            x = self._dynamic_fp8(x)
         if self.qweight is None:  # packed for PyTorch's int4 CPU GEMM
             rows = x.reshape(-1, self.in_features).contiguous()
             out = torch._weight_int4pack_mm_for_cpu(rows, self.int4pack, self.group_size, self.scale_zeros)
@@ -124,6 +129,16 @@ class QuantLinear(nn.Module):
             if out is not None:
                 return out
         return self.kernel(x, self.qweight, self.scales, self.zeros, self.bits, self.group_size, self.g_idx, self.bias)
+
+    def _dynamic_fp8(self, x: torch.Tensor) -> torch.Tensor:
+        """`quantize_fp8_per_token(x, act_group)`; on the CPU its codes decoded and scaled in one pass by
+        `cpu_native.dequantize_fp8` (the same float32 product, bit for bit), as the FP8 weights are."""
+        if x.device.type == "cpu":
+            q, scale = fp8_per_token_codes(x, self.scheme.act_group)
+            deq = cpu_native.dequantize_fp8(q, scale)
+            if deq is not None:
+                return deq.view(x.shape).to(x.dtype)
+        return quantize_fp8_per_token(x, self.scheme.act_group)
 
     def _fp8_native(self, x: torch.Tensor) -> torch.Tensor | None:
         """The twin's result, each block of output rows dequantized by `cpu_native.dequantize_fp8`; None

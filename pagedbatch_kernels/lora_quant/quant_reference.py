@@ -85,15 +85,22 @@ def quant_matmul_torch(x, qweight, scales, zeros, bits: int, group_size: int, g_
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
 
-def quantize_fp8_per_token(x: torch.Tensor, group_size: int | None = None) -> torch.Tensor:
-    """Dynamic FP8 activations, dequantized again: each token's (or each group of `group_size` inputs')
-    scale is its largest magnitude / 448; x / scale rounds to float8_e4m3fn and back."""
+def fp8_per_token_codes(x: torch.Tensor, group_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic FP8 activations: x [..., K] as rows [T, K] of float8_e4m3fn codes and their float32 scales
+    [T, G] (G = K / `group_size`, 1 without): each token's (or each group of `group_size` inputs') scale
+    is its largest magnitude / 448; x / scale rounds to float8_e4m3fn."""
     finfo = torch.finfo(torch.float8_e4m3fn)
-    shape = x.shape
-    xf = x.float()
-    if group_size:
-        xf = xf.reshape(*shape[:-1], -1, group_size)
+    k = x.shape[-1]
+    xf = x.reshape(-1, k).float()
+    xf = xf.view(xf.shape[0], -1, group_size or k)
     scale = xf.abs().amax(dim=-1, keepdim=True) / finfo.max
     scale = torch.where(scale == 0, torch.finfo(torch.float32).eps, scale)
     q = (xf / scale).clamp(finfo.min, finfo.max).to(torch.float8_e4m3fn)
-    return (codes(q, 8) * scale).reshape(shape).to(x.dtype)
+    return q.view(-1, k), scale.view(q.shape[0], -1)
+
+
+def quantize_fp8_per_token(x: torch.Tensor, group_size: int | None = None) -> torch.Tensor:
+    """Dynamic FP8 activations, dequantized again: `fp8_per_token_codes` times their scales, in x's dtype."""
+    q, scale = fp8_per_token_codes(x, group_size)
+    deq = codes(q, 8).view(q.shape[0], scale.shape[1], -1) * scale.unsqueeze(-1)
+    return deq.reshape(x.shape).to(x.dtype)

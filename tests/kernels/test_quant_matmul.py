@@ -132,6 +132,25 @@ def test_dynamic_fp8_activations(group):
     assert (got - x).abs().max() > 0  # it really rounds
 
 
+@pytest.mark.parametrize("group", [None, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dynamic_fp8_activations_decoded_natively_equal_the_twin(group, dtype):
+    """The CPU engine's path for dynamic FP8 activations (engine.quant.linear: the codes decoded and scaled
+    by `cpu_native.dequantize_fp8`) equals `quantize_fp8_per_token` bit for bit."""
+    from engine.quant.config import Scheme
+    from engine.quant.linear import QuantLinear
+    from pagedbatch_kernels.cpu import cpu_native
+
+    if cpu_native.library() is None:
+        pytest.skip("no native CPU kernels here")
+    x = (torch.randn(3, 4, 64) * torch.logspace(-6, 3, 64)).to(dtype)
+    x[1, 2] = 0.0
+    layer = QuantLinear(64, 8, False, Scheme(True, 8, act_dynamic=True, act_group=group), dtype, torch.device("cpu"))
+    got = layer._dynamic_fp8(x)
+    assert got.dtype == dtype and got.shape == x.shape
+    assert torch.equal(got, quantize_fp8_per_token(x, group))
+
+
 def _every_fp8_code() -> torch.Tensor:
     return torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).view(16, 16)
 
