@@ -78,7 +78,8 @@ class PackedCat(nn.Module):
         rows, count, padded = self._rows(x)
         out = torch.ops.mkldnn._linear_pointwise.binary(rows, mask[:padded], self.cat, self.bias, "mul")
         n = self.out_features
-        y = torch.ops.mkldnn._linear_pointwise.binary(out[:, n:], out[:, :n], self.b, None, "add")
+        shrunk, base = out[:, n:].contiguous(), out[:, :n].contiguous()
+        y = torch.ops.mkldnn._linear_pointwise.binary(shrunk, base, self.b, None, "add")
         return self._finish(y, x, count)
 
     @torch.no_grad()
