@@ -1,26 +1,21 @@
-"""The model's linear layers with the batched LoRA delta added to the base layer's output.
+"""The model's linear layers with the batched LoRA delta added to the base layer's output (whatever
+computes it: `nn.Linear`, or `engine.cpu_linear.PackedLinear`'s oneDNN-packed weight on the CPU).
 
 Each wrapped layer holds its adapters' weights stacked by slot, ranks padded to `max_lora_rank`, slot 0
 all zeros: A [slots + 1, parts * R, in] and B transposed, [slots + 1, parts * R, out], where a fused
 layer's parts (q/k/v of `qkv_proj`, gate/up of `gate_up_proj`) each own R rows of A and their columns of
-B, so that one pair of matmuls covers every part. On the CPU, a plain float32/bfloat16 base layer becomes
-a `packed.PackedCat`: the base weight and every slot's A in one oneDNN-packed weight, two GEMMs per layer
-and step whatever the mix of adapters. Any other CPU base layer (a quantized one) runs every row through
-the stacked A of all slots in use at once (one matmul), keeps each row's own slot's ranks (a one-hot mask,
-built once per step), and adds the product with the stacked B to the output (one more): three calls
-after the base layer's. Either way the extra work is (slots) x rank per row. On CUDA the Triton kernel
-(`pagedbatch_kernels.lora_quant.lora`) reads each row's own slot only."""
+B, so that one pair of matmuls covers every part. On the CPU a step runs every row through the stacked
+A of all slots in use at once (one matmul), keeps each row's own slot's ranks (a one-hot mask, built once
+per step), and adds the product with the stacked B to the output (one more): three calls per layer
+whatever the mix of adapters, for extra work of (slots in use) x rank per row. On CUDA the Triton
+kernel (`pagedbatch_kernels.lora_quant.lora`) reads each row's own slot only."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-
-from engine.lora.packed import PackedCat
-from engine.runner.cpu_linear import can_pack, padded_rows
 
 # our fused layer -> the checkpoint modules that are its parts (in output order); the fused name itself
 # (Phi-3's checkpoints, and adapters trained on them, hold qkv_proj/gate_up_proj whole) covers every row.
@@ -35,42 +30,23 @@ BLOCKS = {"qkv_proj": "self_attn", "o_proj": "self_attn", "gate_up_proj": "mlp",
 
 @dataclass
 class StepMapping:
-    """The step's rows' slots: `active` (the slots in use, not 0), `rows` [T] (CPU: each row's slot, 0
-    for the base model; `num_slots` slots in all) or `slots` [T] (CUDA, int32). Empty: no adapter row."""
+    """The step's rows' slots: `active` (the slots in use, not 0), `onehot` [T, top] (CPU: row t has a 1 in
+    column slot - 1, none for the base model; `top` = the highest slot in use) or `slots` [T] (CUDA).
+    Empty: no adapter row."""
 
     active: tuple[int, ...] = ()
-    rows: torch.Tensor | None = None
-    num_slots: int = 0
+    onehot: torch.Tensor | None = None
     slots: torch.Tensor | None = None
-    _masks: dict[tuple, torch.Tensor] = field(default_factory=dict)
+    _masks: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.active)
 
-    def top(self) -> int:
-        """The highest slot in use: the masked path runs slots 1..top."""
-        return max(self.active)
-
-    def mask(self, width: int, dtype: torch.dtype) -> torch.Tensor:
-        """[T, top * width]: 1 on the `width` ranks of each row's own slot (none for the base model)."""
-        key = (width, dtype)
-        if key not in self._masks:
-            onehot = F.one_hot(self.rows, self.top() + 1)[:, 1:].to(dtype)
-            self._masks[key] = onehot.repeat_interleave(width, dim=1)
-        return self._masks[key]
-
-    def packed_mask(self, out: int, width: int, dtype: torch.dtype) -> torch.Tensor:
-        """[padded T, out + num_slots * width] (`PackedCat.forward_lora`): 1 on the `out` base columns and
-        on each row's own slot's ranks; rows past T (padding) all 0."""
-        key = ("packed", out, width, dtype)
-        if key not in self._masks:
-            count = self.rows.shape[0]
-            mask = torch.zeros(padded_rows(count), out + self.num_slots * width, dtype=dtype)
-            mask[:count, :out] = 1
-            onehot = F.one_hot(self.rows, self.num_slots + 1)[:, 1:].to(dtype)
-            mask[:count, out:] = onehot.repeat_interleave(width, dim=1)
-            self._masks[key] = mask
-        return self._masks[key]
+    def mask(self, width: int) -> torch.Tensor:
+        """[T, top * width]: 1 on the `width` ranks of each row's own slot."""
+        if width not in self._masks:
+            self._masks[width] = self.onehot.repeat_interleave(width, dim=1)
+        return self._masks[width]
 
 
 class LoRALinear(nn.Module):
@@ -99,8 +75,6 @@ class LoRALinear(nn.Module):
         )
         self.used = [False] * (num_slots + 1)  # slots whose adapter has weights here
         self.step = step  # one-item list shared by every layer: the step's StepMapping
-        if type(base) is nn.Linear and base.weight.dtype == dtype and can_pack(device, dtype):
-            self.base = PackedCat(base, self.lora_a, self.lora_bt)
 
     @property
     def lora_b(self) -> torch.Tensor:
@@ -129,25 +103,20 @@ class LoRALinear(nn.Module):
             self.lora_a[slot, r0 : r0 + r].copy_(a)
             self.lora_bt[slot, r0 : r0 + r, first : first + rows].copy_(b.T)
         self.used[slot] = bool(parts)
-        if isinstance(self.base, PackedCat):
-            self.base.stale = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
         step = self.step[0]
         if not step or not any(self.used[s] for s in step.active):
-            return self.base(x)
-        if isinstance(self.base, PackedCat):
-            width = self.lora_a.shape[1]
-            return self.base.forward_lora(x, step.packed_mask(self.out_features, width, self.base.compute))
-        y = self.base(x)
+            return y
         x2, y2 = x.reshape(-1, self.in_features), y.view(-1, self.out_features)
         if step.slots is not None:
             from pagedbatch_kernels.lora_quant.lora import add_lora_delta
 
             add_lora_delta(y2, x2, self.lora_a, self.lora_b, step.slots)
             return y
-        top, width = step.top(), self.lora_a.shape[1]  # slots 1..top (slot 0 adds nothing)
-        shrunk = (x2 @ self.lora_a[1 : top + 1].view(top * width, self.in_features).T).mul_(step.mask(width, x.dtype))
+        top, width = step.onehot.shape[1], self.lora_a.shape[1]  # slots 1..top (slot 0 adds nothing)
+        shrunk = (x2 @ self.lora_a[1 : top + 1].view(top * width, self.in_features).T).mul_(step.mask(width))
         y2.addmm_(shrunk, self.lora_bt[1 : top + 1].view(top * width, self.out_features))
         return y
 

@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from engine.lora.layers import StepMapping, wrap_linears
-from engine.lora.packed import PackedCat
 from engine.lora.peft_adapter import LoRAAdapter, load_peft_adapter
 from engine.lora.request import LoRARequest
 
@@ -135,16 +134,8 @@ class LoRASlots:
         if self.device.type == "cuda":
             self._step[0] = StepMapping(active, slots=per_row.to(self.device, torch.int32, non_blocking=True))
         else:
-            self._step[0] = StepMapping(active, rows=per_row, num_slots=self.max_loras)
-
-    def warm(self, max_rows: int) -> None:
-        """Build oneDNN's primitives of the CPU's packed LoRA layers (`packed.PackedCat.warm`), once per shape."""
-        shapes = {}
-        for layer in self.layers.values():
-            if isinstance(layer.base, PackedCat):
-                shapes.setdefault(layer.base.warm_key(), layer.base)
-        for base in shapes.values():
-            base.warm(max_rows)
+            onehot = torch.nn.functional.one_hot(per_row, max(active) + 1)[:, 1:].to(self.dtype)
+            self._step[0] = StepMapping(active, onehot=onehot)
 
     def end_step(self) -> None:
         self._step[0] = StepMapping()

@@ -66,15 +66,15 @@ class ModelRunner:
             self.weight_bytes / 2**20,
             f" ({self.quantization.method})" if self.quantization else "",
         )
-        self.lora = None  # the adapters' slots (engine.lora.slots) when enable_lora
-        if config.enable_lora:  # before packing: a CPU LoRA layer packs its base weight with the adapters'
-            from engine.lora.slots import LoRASlots
-
-            self.lora = LoRASlots(model, config.max_loras, config.max_lora_rank, config.max_cpu_loras, device, dtype)
         if can_pack(device, dtype):
             pack_linears(model)
             if not startup.quick():  # else oneDNN builds each size's primitive at its first use
-                self._warm_packed(model)
+                warm_packed_linears(model, config.max_num_batched_tokens)
+        self.lora = None  # the adapters' slots (engine.lora.slots) when enable_lora
+        if config.enable_lora:
+            from engine.lora.slots import LoRASlots
+
+            self.lora = LoRASlots(model, config.max_loras, config.max_lora_rank, config.max_cpu_loras, device, dtype)
         self.model = model.eval()
         self.images = make_step_embeds(model_config, config, device, dtype)  # None for a text-only model
         self.num_blocks = config.num_kv_blocks or self._auto_num_blocks()
@@ -96,11 +96,6 @@ class ModelRunner:
                 config.max_num_seqs,
             )
 
-    def _warm_packed(self, model) -> None:
-        warm_packed_linears(model, self.config.max_num_batched_tokens)
-        if self.lora is not None:
-            self.lora.warm(self.config.max_num_batched_tokens)
-
     def _load_weights(self, model) -> bool:
         return load_weights(model, self.model_config.path, lm_head_optional=self.config.runner == "pooling")
 
@@ -111,7 +106,7 @@ class ModelRunner:
             return False
         startup.use("full")
         if can_pack(self.device, self.dtype):
-            self._warm_packed(self.model)
+            warm_packed_linears(self.model, self.config.max_num_batched_tokens)
         if self.ops.compiles_on_first_use:
             cfg = self.model_config
             warm_up(self.model, cfg, self.block_size, self.device, self.dtype)
