@@ -157,7 +157,7 @@ class EngineSettings(EnvSettings):
         "keep", description="`default` leaves glibc's allocator settings alone"
     )
     moe_path: Literal["auto", "grouped"] = Field(
-        "auto", description="`grouped` turns off the CPU's padded batched-matmul path for MoE experts"
+        "auto", description="`grouped` turns off the CPU's padded batched-matmul and native paths for MoE experts"
     )
     moe_threads: Literal["one", "all"] = Field(
         "one", description="`all` keeps every intra-op thread for the experts' small matmuls"
