@@ -33,8 +33,10 @@ def moe_experts(
     x's dtype. For tensors that `takes` takes."""
     tokens, hidden = x.shape
     experts, double, _ = gate_up.shape
+    assert down.shape == (experts, hidden, double // 2)
     rows = x.to(torch.float32).contiguous()
-    gate_up, down = gate_up.contiguous(), down.contiguous()
+    # the kernel reads the weights transposed; free where they are laid out so (`cpu_layout`)
+    gate_up, down = gate_up.transpose(1, 2).contiguous(), down.transpose(1, 2).contiguous()
     ids = ids.to(torch.int64).contiguous()
     weights = weights.to(torch.float32).contiguous()
     out = torch.empty((tokens, hidden), dtype=torch.float32)
@@ -55,3 +57,10 @@ def moe_experts(
     if status != 0:
         raise IndexError("an expert id past the experts")
     return out.to(x.dtype)
+
+
+def cpu_layout(weight: torch.nn.Parameter) -> None:
+    """Lay an expert weight [E, out, in] out as the kernel reads it (in place, same shape and values):
+    strides (out * in, 1, out), each input's outputs contiguous. torch's matmuls take either layout."""
+    if not weight.transpose(1, 2).is_contiguous():
+        weight.data = weight.data.transpose(1, 2).contiguous().transpose(1, 2)
