@@ -156,8 +156,13 @@ class EngineSettings(EnvSettings):
     cpu_malloc: Literal["keep", "default"] = Field(
         "keep", description="`default` leaves glibc's allocator settings alone"
     )
+    cpu_threads: Literal["auto", "all"] = Field(
+        "auto",
+        description="`all` runs every CPU step on all intra-op threads; `auto` drops to one while the host "
+        "does not give them their cores (engine/runner/cpu_threads.py)",
+    )
     moe_path: Literal["auto", "grouped"] = Field(
-        "auto", description="`grouped` turns off the CPU's padded batched-matmul path for MoE experts"
+        "auto", description="`grouped` turns off the CPU's padded batched-matmul and native paths for MoE experts"
     )
     moe_threads: Literal["one", "all"] = Field(
         "one", description="`all` keeps every intra-op thread for the experts' small matmuls"

@@ -25,6 +25,7 @@ from engine.quant.model import quantize_model, weight_bytes
 from engine.runner.block_tables import BlockTableRows
 from engine.runner.cpu_linear import can_pack, pack_linears, warm_packed_linears
 from engine.runner.cpu_malloc import keep_freed_memory
+from engine.runner.cpu_threads import StepThreads
 from engine.runner.cuda_graph import DecodeGraphRunner, batch_size_ladder
 from engine.runner.device import to_device, zeros
 from engine.runner.ops import select_ops
@@ -44,6 +45,7 @@ class ModelRunner:
         self.dtype = dtype
         self.block_size = config.block_size
         self.ops = select_ops(config.attention_backend, device)
+        self.step_threads = StepThreads() if device.type == "cpu" else None
         if device.type == "cpu":
             keep_freed_memory()
         with torch.device(device):
@@ -294,6 +296,12 @@ class ModelRunner:
 
         With `extra_rows` (indices into the batch's flattened new tokens), returns
         (logits, the final hidden states of those rows) from the same forward pass."""
+        if self.step_threads is None:
+            return self._execute(batch, extra_rows)
+        with self.step_threads.step():  # on a busy host, one thread (engine/runner/cpu_threads.py)
+            return self._execute(batch, extra_rows)
+
+    def _execute(self, batch: ScheduledBatch, extra_rows: list[int] | None = None):
         image_embeds = self.images.for_batch(batch.seqs, batch.num_new_tokens) if self.images else None
         if extra_rows:
             input_ids, inputs, sample_rows = self.prepare(batch, image_embeds is not None)

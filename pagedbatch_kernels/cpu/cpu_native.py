@@ -11,6 +11,7 @@ use, for this CPU (-march=native), cached on disk, called through ctypes.
   (`span_rounds_bf16_weights`).
 - `merge_partial` (`cpu_decode.cpp`): a shared prefix's attention and the tail's into the whole's, in
   place (torch's merge was ~2 ms of a 256-decode step, mostly dispatch).
+- `pb_moe_experts` (`cpu_moe.cpp`, called by `cpu_moe`): a decode step's routed experts in one call.
 
 It runs in torch's own OpenMP thread pool (the library links libgomp by soname, which torch has
 already loaded), so it adds no threads of its own. PAGEDBATCH_CPU_NATIVE=off keeps the inductor
@@ -40,7 +41,8 @@ from settings import EngineSettings, child_environment, value
 log = logging.getLogger(__name__)
 ENV = "PAGEDBATCH_CPU_NATIVE"
 SOURCES = [
-    Path(__file__).parent.parent / "csrc" / name for name in ("cpu_decode.cpp", "cpu_spans.cpp", "cpu_pointwise.cpp")
+    Path(__file__).parent.parent / "csrc" / name
+    for name in ("cpu_decode.cpp", "cpu_spans.cpp", "cpu_pointwise.cpp", "cpu_moe.cpp")
 ]
 HEADERS = [Path(__file__).parent.parent / "csrc" / "cpu_vec.h"]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno"]
@@ -134,6 +136,8 @@ def bind(path: Path) -> ctypes.CDLL:
     lib.pb_write_kv.restype = ctypes.c_int
     lib.pb_dequant_fp8.argtypes = [p, p, p, i64, i64, i64, i]
     lib.pb_dequant_fp8.restype = None
+    lib.pb_moe_experts.argtypes = [p, i, i, p, p, i, i, p, p, i, p, i]
+    lib.pb_moe_experts.restype = ctypes.c_int
     return lib
 
 

@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 from engine import LLM, SamplingParams
 from engine.hf.config import ModelConfig
 from engine.models.moe import PAD_FACTOR, grouped_experts, padded_experts, route
+from pagedbatch_kernels.cpu import cpu_moe, cpu_native
 from pagedbatch_kernels.reference import silu_and_mul
 from tests.helpers import (
     assert_bf16_prompt_logprobs_close,
@@ -79,6 +80,28 @@ def test_padded_path_falls_back_where_padding_would_be_large(monkeypatch):
         assert bool(calls) == fallback, (tokens, PAD_FACTOR)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [0, 1, 7, 50])
+def test_native_experts_equal_grouped(tokens, dtype):
+    """The native kernel against the grouped torch path: float32 to the rounding of another sum order; in
+    bfloat16 with the same roundings (a bfloat16 ulp where a sum lies by a boundary). Hidden 100 and
+    intermediate 36: sums with a tail past the vector width; 6 experts of 3 chosen: some chosen by none."""
+    if cpu_native.library() is None:
+        pytest.skip("no native CPU kernels here")
+    g = torch.Generator().manual_seed(tokens)
+    experts, hidden, inter, k = 6, 100, 36, 3
+    x = torch.randn(tokens, hidden, generator=g).to(dtype)
+    gate_up = (torch.randn(experts, 2 * inter, hidden, generator=g) * 0.2).to(dtype)
+    down = (torch.randn(experts, hidden, inter, generator=g) * 0.2).to(dtype)
+    weights, ids = route(torch.randn(tokens, experts, generator=g), k, normalize=True)
+    got = cpu_moe.moe_experts(x, gate_up, down, weights, ids)
+    assert got.shape == (tokens, hidden) and got.dtype == dtype
+    tol = dict(atol=2e-2, rtol=2**-7) if dtype == torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, grouped_experts(x, gate_up, down, weights, ids, silu_and_mul), **tol)
+    with pytest.raises(IndexError):
+        cpu_moe.moe_experts(torch.ones(1, hidden, dtype=dtype), gate_up, down, torch.ones(1, k), torch.full((1, k), 6))
+
+
 @pytest.mark.parametrize("normalize", [False, True])
 def test_route_is_transformers_router(normalize):
     from transformers import Qwen2MoeConfig
@@ -111,13 +134,18 @@ def test_config_reads_the_expert_settings(tiny_model):
 
 
 @pytest.mark.parametrize("arch", MOE_ARCHS)
-def test_greedy_matches_transformers(tiny_model, arch):
+def test_greedy_matches_transformers(tiny_model, arch, monkeypatch):
+    """Decode steps run the native experts kernel (where it is here), prefill steps the padded/grouped path."""
+    native = []
+    real = cpu_moe.moe_experts
+    monkeypatch.setattr(cpu_moe, "moe_experts", lambda *a: native.append(a[0].shape[0]) or real(*a))
     path = tiny_model(arch)
     prompts, max_tokens = make_prompts(seed=1)
     llm = LLM(str(path))
     _, ours = _run(llm, prompts, max_tokens)
     assert_pool_free(llm.llm_engine)
     assert_same(ours, reference(path, prompts, max_tokens))
+    assert bool(native) == (cpu_native.library() is not None)
 
 
 @pytest.mark.parametrize("arch", MOE_ARCHS)

@@ -105,7 +105,10 @@ def test_what_the_kernels_do_not_take_goes_to_the_reference(monkeypatch):
         monkeypatch.setattr(reference, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
     x = rows(4, 64, torch.float16, 1)
     cpu_pointwise.rms_norm(x, torch.ones(64, dtype=torch.float16), 1e-6)  # float16
-    cpu_pointwise.rms_norm(rows(4, 64, torch.float32, 1).t(), torch.ones(4), 1e-6)  # not contiguous
+    strided = rows(4, 64, torch.float32, 1).t()  # not contiguous: copied, then the native kernel
+    got = cpu_pointwise.rms_norm(strided, torch.ones(4), 1e-6)
+    assert calls == ["rms_norm"]
+    torch.testing.assert_close(got, reference.rms_norm(strided, torch.ones(4), 1e-6), atol=2e-6, rtol=2e-6)
     q, k, v = qkv_views(5, 6, 2, 64, torch.float32)
     cpu_pointwise.apply_rotary(
         q.transpose(0, 1).contiguous().transpose(0, 1), k, torch.arange(5), cos_sin_cache(64, 16, 10000.0, None)
@@ -117,7 +120,7 @@ def test_what_the_kernels_do_not_take_goes_to_the_reference(monkeypatch):
         torch.zeros(2, 16, 2, 64, dtype=torch.bfloat16),
         torch.arange(5),
     )  # cache dtype
-    assert calls == ["rms_norm", "rms_norm", "apply_rotary", "write_kv_cache"]
+    assert calls == ["rms_norm", "rms_norm", "apply_rotary", "write_kv_cache"]  # the second: the check above
     monkeypatch.setattr(cpu_native, "library", lambda: None)  # no compiler
     cpu_pointwise.rms_norm(rows(4, 64, torch.float32, 1), torch.ones(64), 1e-6)
     assert calls[-1] == "rms_norm" and len(calls) == 5

@@ -1,0 +1,55 @@
+"""The CPU step's thread count (`engine.runner.cpu_threads`): a step whose process got less than its
+threads' share of the host puts the next steps on one thread, then all threads are tried again; a step
+that got its share keeps them; `cpu_threads=all` never drops them."""
+
+import pytest
+import torch
+
+from engine.runner import cpu_threads
+from engine.runner.cpu_threads import PROBE_STEPS, StepThreads
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """A fake wall clock and process CPU clock that each step advances by (wall, cpu)."""
+    now = {"wall": 0.0, "cpu": 0.0}
+    monkeypatch.setattr(cpu_threads.time, "perf_counter", lambda: now["wall"])
+    monkeypatch.setattr(cpu_threads.time, "process_time", lambda: now["cpu"])
+
+    def advance(wall, cpu):
+        now["wall"] += wall
+        now["cpu"] += cpu
+
+    return advance
+
+
+def _steps(threads: StepThreads, advance, count: int, share: float) -> list[int]:
+    seen = []
+    for _ in range(count):
+        with threads.step():
+            seen.append(torch.get_num_threads())
+            advance(0.05, 0.05 * share * threads.threads)
+    return seen
+
+
+def test_a_busy_host_puts_steps_on_one_thread_then_probes_again(clock):
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        threads = StepThreads()
+        assert _steps(threads, clock, 3, share=1.0) == [2, 2, 2]  # the host gives both cores: both kept
+        seen = _steps(threads, clock, PROBE_STEPS + 2, share=0.3)  # a thread descheduled: 30 % of the time
+        assert seen == [2] + [1] * PROBE_STEPS + [2]
+        assert torch.get_num_threads() == 2  # restored after each one-thread step
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_all_keeps_every_thread(clock, monkeypatch):
+    monkeypatch.setenv("PAGEDBATCH_CPU_THREADS", "all")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert _steps(StepThreads(), clock, 5, share=0.1) == [2] * 5
+    finally:
+        torch.set_num_threads(before)
