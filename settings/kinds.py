@@ -157,9 +157,10 @@ class EngineSettings(EnvSettings):
         "keep", description="`default` leaves glibc's allocator settings alone"
     )
     cpu_threads: Literal["auto", "all"] = Field(
-        "auto",
+        "all",
         description="`all` runs every CPU step on all intra-op threads; `auto` drops to one while the host "
-        "does not give them their cores (engine/runner/cpu_threads.py)",
+        "does not give them their cores, for hosts shared with other work (engine/runner/cpu_threads.py; "
+        "float results may then differ in the last bits between runs)",
     )
     moe_path: Literal["auto", "grouped"] = Field(
         "auto", description="`grouped` turns off the CPU's padded batched-matmul and native paths for MoE experts"

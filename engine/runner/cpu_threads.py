@@ -7,7 +7,8 @@ scheduler (milliseconds), and a step runs hundreds of regions. On the 2-core AMD
 MoE bench's run took 25-53 s on two threads and 7-8 s on one. A step on all threads whose process got
 less than SHARE of those threads' time (CPU time over wall time: a waiting, descheduled thread
 accrues none) puts the next PROBE_STEPS steps on one thread; then all threads are tried again.
-`cpu_threads=all` keeps every thread always."""
+`cpu_threads=all` (the default) keeps every thread always: results then do not depend on the host's load
+(a GEMM's sums may be split differently on one thread and on two)."""
 
 from __future__ import annotations
 

@@ -32,7 +32,8 @@ def _steps(threads: StepThreads, advance, count: int, share: float) -> list[int]
     return seen
 
 
-def test_a_busy_host_puts_steps_on_one_thread_then_probes_again(clock):
+def test_a_busy_host_puts_steps_on_one_thread_then_probes_again(clock, monkeypatch):
+    monkeypatch.setenv("PAGEDBATCH_CPU_THREADS", "auto")
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -45,8 +46,12 @@ def test_a_busy_host_puts_steps_on_one_thread_then_probes_again(clock):
         torch.set_num_threads(before)
 
 
-def test_all_keeps_every_thread(clock, monkeypatch):
-    monkeypatch.setenv("PAGEDBATCH_CPU_THREADS", "all")
+@pytest.mark.parametrize("setting", ["all", None])  # None: the default
+def test_all_keeps_every_thread(clock, monkeypatch, setting):
+    if setting:
+        monkeypatch.setenv("PAGEDBATCH_CPU_THREADS", setting)
+    else:
+        monkeypatch.delenv("PAGEDBATCH_CPU_THREADS", raising=False)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
