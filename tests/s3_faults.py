@@ -143,7 +143,12 @@ class _Handler(BaseHTTPRequestHandler):
         if fault == "fail":
             proxy.count("failed_5xx")
             slow = proxy._random.random() < 0.5
-            self._answer(503 if slow else 500, SLOW_DOWN if slow else INTERNAL, {"Content-Type": "application/xml"})
+            self._answer(
+                503 if slow else 500,
+                SLOW_DOWN if slow else INTERNAL,
+                {"Content-Type": "application/xml"},
+                head=self.command == "HEAD",  # a HEAD answer has no body: bytes left over would corrupt the next one
+            )
             return
         proxy.count("forwarded")
         upstream = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=60)

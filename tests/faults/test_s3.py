@@ -318,11 +318,14 @@ def test_a_2000_line_job_completes_whole_with_a_tenth_of_s3_calls_failing(s3, pr
     assert done["status_detail"] is None
     assert injected["failed_5xx"] > 0 and injected["timed_out"] > 0
     _exactly_once(client, s3, settings, job_id, ids)
-    # s3fs and botocore retried these calls themselves, and they were counted as they went. Not every fault the
-    # proxy injects is seen by the two processes read here: run alone, 25 of 25 and 25 of 28 were; in the full
-    # suite 12 of 16 and 18 of 23 (which client met the others is not known), so the bound is half
+    # s3fs and botocore retried these calls themselves, and they were counted as they went: each injected fault
+    # once (the margin only for an attempt still past its read timeout when the settling above gave up)
     assert worker_counted > 0 and here_counted > 0, (worker_counted, here_counted)
-    assert worker_counted + here_counted >= 0.5 * injected_failures, (worker_counted, here_counted, injected)
+    assert 0.9 * injected_failures <= worker_counted + here_counted <= injected_failures, (
+        worker_counted,
+        here_counted,
+        injected,
+    )
     assert 1.0 in retrying, retrying  # the worker's gauge said so during the fault ...
     assert degraded and degraded["status"] == "degraded", degraded  # ... and so did the API's readiness
     assert 'pagedbatch_storage_failing{kind="transient"} 0.0' in _metrics(port)  # none reached our layer's retries
