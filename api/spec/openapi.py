@@ -46,6 +46,19 @@ BATCH_LINKS = {"getBatch": "batch_id", "cancelBatch": "batch_id", "getJob": "job
 FILE_LINKS = {"getFile": "file_id", "getFileContent": "file_id", "deleteFile": "file_id"}
 
 
+def _list(operation_id: str, summary: str, list_schema: str, query) -> dict:
+    """A GET of a collection, paged by the query parameters of the pydantic model `query`."""
+    return _operation(
+        operation_id, summary, ("200", _json(_ref(list_schema))), ERRORS, parameters=query_parameters(query)
+    )
+
+
+def _cancel(operation_id: str, summary: str, answer: tuple, noun: str, id_parameter: dict) -> dict:
+    """A POST that cancels the `noun` named in the path; 409 once it has finished."""
+    conflicts = {**ERRORS, "409": f"The {noun} already finished"}
+    return _operation(operation_id, summary, answer, conflicts, parameters=[id_parameter])
+
+
 def _meta_paths() -> dict:
     any_object = ("200", _json({"type": "object"}))
     return {
@@ -95,25 +108,13 @@ def _job_paths(models: tuple[str, ...]) -> dict:
     return {
         "/v1/jobs": {
             "post": _create_job(models),
-            "get": _operation(
-                "listJobs",
-                "List jobs, newest first",
-                ("200", _json(_ref("JobList"))),
-                ERRORS,
-                parameters=query_parameters(JobListQuery),
-            ),
+            "get": _list("listJobs", "List jobs, newest first", "JobList", JobListQuery),
         },
         "/v1/jobs/{job_id}": {
             "get": _operation("getJob", "A job's status, counts, usage and progress", job, ERRORS, parameters=[JOB_ID])
         },
         "/v1/jobs/{job_id}/cancel": {
-            "post": _operation(
-                "cancelJob",
-                "Cancel a job; what finished stays downloadable",
-                job,
-                {**ERRORS, "409": "The job already finished"},
-                parameters=[JOB_ID],
-            )
+            "post": _cancel("cancelJob", "Cancel a job; what finished stays downloadable", job, "job", JOB_ID)
         },
         "/v1/jobs/{job_id}/results": {
             "get": _operation(
@@ -158,13 +159,7 @@ def _file_paths() -> dict:
                 "OpenAI's clients send.",
                 requestBody=multipart_body(FileUpload),
             ),
-            "get": _operation(
-                "listFiles",
-                "List files (OpenAI)",
-                ("200", _json(_ref("FileList"))),
-                ERRORS,
-                parameters=query_parameters(FileListQuery),
-            ),
+            "get": _list("listFiles", "List files (OpenAI)", "FileList", FileListQuery),
         },
         "/v1/files/{file_id}": {
             "get": _operation("getFile", "A file (OpenAI)", file, ERRORS, parameters=[FILE_ID]),
@@ -200,25 +195,13 @@ def _batch_paths() -> dict:
                 {**ERRORS, **LIMITED, "413": "Body over 64 KiB"},
                 requestBody=create_body,
             ),
-            "get": _operation(
-                "listBatches",
-                "List batches, newest first (OpenAI)",
-                ("200", _json(_ref("BatchList"))),
-                ERRORS,
-                parameters=query_parameters(BatchListQuery),
-            ),
+            "get": _list("listBatches", "List batches, newest first (OpenAI)", "BatchList", BatchListQuery),
         },
         "/v1/batches/{batch_id}": {
             "get": _operation("getBatch", "A batch (OpenAI)", batch, ERRORS, parameters=[BATCH_ID])
         },
         "/v1/batches/{batch_id}/cancel": {
-            "post": _operation(
-                "cancelBatch",
-                "Cancel a batch (OpenAI)",
-                batch,
-                {**ERRORS, "409": "The batch already finished"},
-                parameters=[BATCH_ID],
-            )
+            "post": _cancel("cancelBatch", "Cancel a batch (OpenAI)", batch, "batch", BATCH_ID)
         },
     }
 

@@ -228,6 +228,20 @@ def _lows(lows, rows: int):
     return lows
 
 
+def _cache_args(q, k_cache, v_cache) -> tuple:
+    """The native attention kernels' leading arguments: the queries and the paged cache."""
+    return q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.bfloat16), k_cache.shape[0]
+
+
+def _row_args(lows, rows, query, k_cache, scale, softcap, out, lse) -> tuple:
+    """The native attention kernels' trailing arguments: windows, shapes, scaling and the outputs."""
+    _, heads, head_dim = query.shape
+    _, block_size, kv_heads, _ = k_cache.shape
+    lows_ptr = None if lows is None else lows.data_ptr()
+    shapes = (rows, heads, kv_heads, head_dim, block_size)
+    return lows_ptr, *shapes, float(scale), float(softcap or 0.0), out.data_ptr(), lse.data_ptr()
+
+
 def decode_attention(
     query, k_cache, v_cache, block_tables, seq_lens, scale, lib: ctypes.CDLL | None = None, *, lows=None, softcap=None
 ):
@@ -235,32 +249,18 @@ def decode_attention(
     `supports` takes, through `lib` (the `library()` by default). A row of length 0 gives zeros and a
     log-sum-exp of -inf. Row r sees its positions from lows[r] (a sliding window's first; `lows` [B]
     int32, None: 0) to seq_lens[r]; with `softcap`, scaled scores s are softcap * tanh(s / softcap)."""
-    rows, heads, head_dim = query.shape
-    _, block_size, kv_heads, _ = k_cache.shape
+    rows, _, head_dim = query.shape
     q, out, lse = _float32_call(query, k_cache, v_cache)
     tables = block_tables.to(torch.int32).contiguous()
     lengths = seq_lens.to(torch.int32).contiguous()
     assert tables.shape[0] == rows and lengths.shape == (rows,)
     lows = _lows(lows, rows)
     status = (lib or library()).pb_decode_attention(
-        q.data_ptr(),
-        k_cache.data_ptr(),
-        v_cache.data_ptr(),
-        int(k_cache.dtype == torch.bfloat16),
-        k_cache.shape[0],
+        *_cache_args(q, k_cache, v_cache),
         tables.data_ptr(),
         tables.shape[1],
         lengths.data_ptr(),
-        None if lows is None else lows.data_ptr(),
-        rows,
-        heads,
-        kv_heads,
-        head_dim,
-        block_size,
-        float(scale),
-        float(softcap or 0.0),
-        out.data_ptr(),
-        lse.data_ptr(),
+        *_row_args(lows, rows, query, k_cache, scale, softcap, out, lse),
     )
     if status == -1:
         raise ValueError(f"the native decode kernel does not take head size {head_dim}")
@@ -279,7 +279,7 @@ def span_attention(
     length 0 gives zeros and -inf. For tensors that `supports` takes. `lows` and `softcap` as in
     `decode_attention` (rows before their span's `lows` chunk of positions are not read)."""
     rows, heads, head_dim = query.shape
-    _, block_size, kv_heads, _ = k_cache.shape
+    kv_heads = k_cache.shape[2]
     q, out, lse = _float32_call(query, k_cache, v_cache)
     tables = tables.to(torch.int32).contiguous()
     bounds = bounds.to(torch.int32).contiguous()
@@ -287,26 +287,13 @@ def span_attention(
     assert bounds.shape == (tables.shape[0], 2) and lengths.shape == (rows,)
     lows = _lows(lows, rows)
     status = (lib or library()).pb_span_attention(
-        q.data_ptr(),
-        k_cache.data_ptr(),
-        v_cache.data_ptr(),
-        int(k_cache.dtype == torch.bfloat16),
-        k_cache.shape[0],
+        *_cache_args(q, k_cache, v_cache),
         tables.data_ptr(),
         tables.shape[1],
         bounds.data_ptr(),
         tables.shape[0],
         lengths.data_ptr(),
-        None if lows is None else lows.data_ptr(),
-        rows,
-        heads,
-        kv_heads,
-        head_dim,
-        block_size,
-        float(scale),
-        float(softcap or 0.0),
-        out.data_ptr(),
-        lse.data_ptr(),
+        *_row_args(lows, rows, query, k_cache, scale, softcap, out, lse),
     )
     if status == -1:
         raise ValueError(f"the native span kernel does not take head size {head_dim} with {heads}/{kv_heads} heads")
