@@ -68,6 +68,31 @@ def assert_same(ours, expected):
     assert not mismatched, f"prompts {mismatched} differ from transformers"
 
 
+def generate_greedy(llm, prompts, max_tokens):
+    """`llm`'s greedy outputs of token-id `prompts` (EOS ignored), and their token ids."""
+    from engine import SamplingParams
+
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in max_tokens]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    return outs, [o.outputs[0].token_ids for o in outs]
+
+
+def assert_exact_under_pressure(path, prompts, max_tokens, expected):
+    """A 32-token budget and a pool too small for the batch, twice over the same prompts: each pass equals
+    `expected`, the first preempts, and nothing leaks. Returns both passes' outputs (the caller checks
+    what they read from the prefix cache)."""
+    from engine import LLM
+
+    llm = LLM(str(path), num_kv_blocks=40, max_num_batched_tokens=32)
+    first, ours = generate_greedy(llm, prompts, max_tokens)
+    assert_same(ours, expected)
+    assert llm.llm_engine.stats["preemptions"] > 0
+    again, ours = generate_greedy(llm, prompts, max_tokens)
+    assert_same(ours, expected)
+    assert_pool_free(llm.llm_engine)
+    return first, again
+
+
 # ---- batch-file lines ---------------------------------------------------------------------------
 
 

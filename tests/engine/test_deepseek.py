@@ -15,6 +15,7 @@ from engine.hf.config import ModelConfig
 from engine.models.deepseek import grouped_route
 from tests.helpers import (
     assert_bf16_prompt_logprobs_close,
+    assert_exact_under_pressure,
     assert_pool_free,
     assert_same,
     chat_prompt_as_transformers,
@@ -125,15 +126,8 @@ def test_prefix_cache_chunked_prefill_and_preemption_match(tiny_model, arch):
     latent entries from the cache."""
     path = tiny_model(arch)
     prompts, max_tokens = make_prompts(seed=2, shared_prefixes=True)
-    expected = reference(path, prompts, max_tokens)
-    llm = LLM(str(path), num_kv_blocks=40, max_num_batched_tokens=32)
-    first, ours = _run(llm, prompts, max_tokens)
-    assert_same(ours, expected)
-    assert llm.llm_engine.stats["preemptions"] > 0
-    again, ours = _run(llm, prompts, max_tokens)
-    assert_same(ours, expected)
+    first, again = assert_exact_under_pressure(path, prompts, max_tokens, reference(path, prompts, max_tokens))
     assert sum(o.num_cached_tokens for o in again) > 0
-    assert_pool_free(llm.llm_engine)
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from engine.models.moe import grouped_experts, padded_experts
 from engine.quant.mxfp4 import dequantize_mxfp4, pack_mxfp4
 from tests.helpers import (
     assert_bf16_prompt_logprobs_close,
+    assert_exact_under_pressure,
     assert_pool_free,
     assert_same,
     chat_prompt_as_transformers,
@@ -136,15 +137,8 @@ def test_greedy_matches_transformers(tiny_model, arch):
 def test_prefix_cache_chunked_prefill_and_preemption_match(tiny_model, arch):
     path = tiny_model(arch)
     prompts, max_tokens = make_prompts(seed=2, shared_prefixes=True)
-    expected = _reference(path, arch, prompts, max_tokens)
-    llm = LLM(str(path), num_kv_blocks=40, max_num_batched_tokens=32)
-    first, ours = _run(llm, prompts, max_tokens)
-    assert_same(ours, expected)
-    assert llm.llm_engine.stats["preemptions"] > 0
-    again, ours = _run(llm, prompts, max_tokens)
-    assert_same(ours, expected)
+    first, again = assert_exact_under_pressure(path, prompts, max_tokens, _reference(path, arch, prompts, max_tokens))
     assert sum(o.num_cached_tokens for o in first + again) > 0
-    assert_pool_free(llm.llm_engine)
 
 
 def test_torch_backend_matches(tiny_model):
