@@ -169,10 +169,15 @@ class FaultHarness:
         engine_factory: str | None = None,
         role: str = "both",
         extra_args: tuple[str, ...] = (),
+        step_delay_s: float | None = None,
         **env: str,
     ) -> Worker:
-        """A worker process; `engine_factory` (e.g. "tests.doubles:slow_engine"), `role`, more command-line
-        `extra_args` and `env` configure it."""
+        """A worker process; `engine_factory` (e.g. "tests.doubles:poisoned_engine"), `role`, more command-line
+        `extra_args` and `env` configure it. `step_delay_s`: every engine step takes at least that long
+        (tests.doubles.slow_engine), so a shard outlasts a timeout or a kill whatever the machine's speed."""
+        if step_delay_s is not None:
+            engine_factory = "tests.doubles:slow_engine"
+            env["PAGEDBATCH_TEST_STEP_DELAY_S"] = str(step_delay_s)
         log = self.tmp / f"worker-{len(self.workers)}.log"
         cmd = [sys.executable, "-m", "pagedbatch", "worker", "--model", f"{MODEL}={self.model_path}"]
         cmd += [f"--concurrency={concurrency}", "--loglevel=info", "--device=cpu", f"--role={role}"]

@@ -50,17 +50,23 @@ def reference(path, prompts, max_tokens, **load):
     key = (str(path), tuple(map(tuple, prompts)), tuple(max_tokens), repr(sorted(load.items())))
     if key not in _reference_cache:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **load).eval()
-        model.generation_config.eos_token_id = None  # our side runs with ignore_eos
-        outs = []
-        for prompt, n in zip(prompts, max_tokens):
-            ids = torch.tensor([prompt])
-            with torch.no_grad():
-                out = model.generate(
-                    ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False
-                )
-            outs.append(out[0, len(prompt) :].tolist())
-        _reference_cache[key] = outs
+        _reference_cache[key] = hf_greedy(model, prompts, max_tokens)
     return _reference_cache[key]
+
+
+def hf_greedy(model, prompts, max_tokens) -> list[list[int]]:
+    """A transformers model's greedy continuations of token-id `prompts`, one at a time (no padding), each
+    exactly max_tokens[i] long (EOS ignored, as our side runs with ignore_eos)."""
+    model.generation_config.eos_token_id = None
+    outs = []
+    for prompt, n in zip(prompts, max_tokens):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False
+            )
+        outs.append(out[0, len(prompt) :].tolist())
+    return outs
 
 
 def assert_same(ours, expected):

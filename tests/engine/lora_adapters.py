@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM
 
+from tests.helpers import hf_greedy
+
 # Three adapters of different ranks and target modules; one scaled by rsLoRA.
 ADAPTERS = {
     "attn-qv": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
@@ -54,19 +56,5 @@ def peft_reference(base_path, adapter_dir, prompts, max_tokens):
             from peft import PeftModel
 
             model = PeftModel.from_pretrained(model, adapter_dir)
-        model.eval()
-        model.generation_config.eos_token_id = None  # our side runs with ignore_eos
-        outs = []
-        for prompt, n in zip(prompts, max_tokens):
-            ids = torch.tensor([prompt])
-            with torch.no_grad():
-                out = model.generate(
-                    input_ids=ids,
-                    attention_mask=torch.ones_like(ids),
-                    max_new_tokens=n,
-                    min_new_tokens=n,
-                    do_sample=False,
-                )
-            outs.append(out[0, len(prompt) :].tolist())
-        _cache[key] = outs
+        _cache[key] = hf_greedy(model.eval(), prompts, max_tokens)
     return _cache[key]

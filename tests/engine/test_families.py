@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
 from engine import LLM, SamplingParams
 from engine.hf.config import ModelConfig
-from tests.helpers import assert_pool_free, assert_same, make_prompts
+from tests.helpers import assert_pool_free, assert_same, hf_greedy, make_prompts
 
 FAMILIES = ["gemma2", "gemma3", "gemma3-mm", "phi3", "olmo2", "granite", "mistral3"]
 MULTIMODAL = ("gemma3-mm", "mistral3")
@@ -30,19 +30,7 @@ def hf_model(path, arch, dtype=torch.float32):
 def reference(path, arch, prompts, max_tokens):
     key = (str(path), tuple(map(tuple, prompts)), tuple(max_tokens))
     if key not in _cache:
-        model, outs = hf_model(path, arch), []
-        for prompt, n in zip(prompts, max_tokens):
-            ids = torch.tensor([prompt])
-            with torch.no_grad():
-                out = model.generate(
-                    input_ids=ids,
-                    attention_mask=torch.ones_like(ids),
-                    max_new_tokens=n,
-                    min_new_tokens=n,
-                    do_sample=False,
-                )
-            outs.append(out[0, len(prompt) :].tolist())
-        _cache[key] = outs
+        _cache[key] = hf_greedy(hf_model(path, arch), prompts, max_tokens)
     return _cache[key]
 
 

@@ -66,9 +66,7 @@ def test_sigkill_of_the_decode_worker_mid_job(fresh_workers):
     h = fresh_workers
     prefill = h.start_worker(role="prefill", **FAST_LIVENESS)
     # each decode step takes at least 10 ms, so 160 steps outlast the kill whatever the machine's speed
-    decode = h.start_worker(
-        role="decode", engine_factory="tests.doubles:slow_engine", PAGEDBATCH_TEST_STEP_DELAY_S="0.01", **FAST_LIVENESS
-    )
+    decode = h.start_worker(role="decode", step_delay_s=0.01, **FAST_LIVENESS)
     ids = [f"d{i}" for i in range(8)]
     job = h.submit([long_line(cid, max_tokens=160) for cid in ids])
     wait_for_text(prefill, "sending KV of")  # the decode worker holds KV it received

@@ -40,9 +40,8 @@ def test_redelivery_during_a_long_shard_does_not_run_it_twice(fresh_workers):
     # (600 steps of at least 10 ms each, however fast the machine)
     worker = h.start_worker(
         concurrency=3,
-        engine_factory="tests.doubles:slow_engine",
         PAGEDBATCH_VISIBILITY_TIMEOUT_S="1",
-        PAGEDBATCH_TEST_STEP_DELAY_S="0.01",
+        step_delay_s=0.01,
     )
     ids = [f"v{i}" for i in range(8)]
     job = h.submit([long_line(cid, max_tokens=600) for cid in ids])
@@ -98,8 +97,7 @@ def test_sigterm_with_a_drain_timeout_finishes_the_running_shards(fresh_workers)
     h = fresh_workers
     first = h.start_worker(
         concurrency=2,
-        engine_factory="tests.doubles:slow_engine",
-        PAGEDBATCH_TEST_STEP_DELAY_S="0.01",
+        step_delay_s=0.01,
         PAGEDBATCH_WORKER_DRAIN_S="60",
     )
     ids = [f"g{i}" for i in range(16)]
@@ -125,8 +123,7 @@ def test_a_drain_timeout_that_runs_out_hands_the_shards_back(fresh_workers):
     h = fresh_workers
     first = h.start_worker(
         concurrency=2,
-        engine_factory="tests.doubles:slow_engine",
-        PAGEDBATCH_TEST_STEP_DELAY_S="0.2",
+        step_delay_s=0.2,
         PAGEDBATCH_WORKER_DRAIN_S="1",
     )
     ids = [f"h{i}" for i in range(8)]
