@@ -112,13 +112,29 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=None, help="torch threads for both (default: torch's)")
+    parser.add_argument(
+        "--text-hidden",
+        type=int,
+        default=0,
+        help="the language model's hidden size, in heads of 64 (0: the tiny model's 64, heads of 16)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     from engine.testing.tiny import write_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = write_tiny_model(Path(tmp) / args.arch, args.arch)
+        shape = {}
+        if args.text_hidden:
+            heads = args.text_hidden // 64
+            shape = dict(
+                hidden_size=args.text_hidden,
+                num_attention_heads=heads,
+                num_key_value_heads=max(1, heads // 2),
+                head_dim=64,
+                intermediate_size=2 * args.text_hidden,
+            )
+        path = write_tiny_model(Path(tmp) / args.arch, args.arch, **shape)
         lines, warm_lines = chats(args.lines), chats(args.lines, first_seed=10_000)
         ours, our_tokens = run_ours(path, lines, args.max_tokens, warm_lines)
         theirs, their_tokens = run_transformers(path, lines, args.max_tokens, args.batch, warm_lines)

@@ -127,9 +127,11 @@ def _qwen2_5_vl(text, tokenizer):
     import transformers
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in VISION_CHAT["qwen2.5-vl"][1]}
+    half = text.hidden_size // text.num_attention_heads // 2  # frequencies per head: [2, 3, 3] of 8 at head size 16
+    section = [half // 4, (half - half // 4) // 2, half - half // 4 - (half - half // 4) // 2]
     text_config = transformers.Qwen2_5_VLTextConfig(
         **{k: getattr(text, k) for k in _TEXT_KEYS},
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section},
     )
     vision = dict(
         depth=3,

@@ -62,6 +62,18 @@ def test_greedy_matches_transformers(tiny_model, arch, engine_args):
     assert_pool_free(llm.llm_engine)
 
 
+def test_qwen_heads_of_64_match_transformers(tiny_model):
+    """Heads of 64 (real models' size; the native CPU attention kernels take it, not the tiny model's 16) and
+    M-RoPE sections scaled to them, chunked through the images."""
+    shape = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512)
+    path = tiny_model("qwen2.5-vl", **shape)
+    llm = LLM(str(path), max_num_batched_tokens=32)
+    assert llm.llm_engine.runner.model_config.head_dim == 64
+    requests = cases("qwen2.5-vl")
+    assert run(llm, requests) == [reference(path, text, images, TOKENS) for text, images in requests]
+    assert_pool_free(llm.llm_engine)
+
+
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_same_text_other_image_shares_no_kv(tiny_model, arch):
     """The first image's KV is cached; the same text with a different image must not reuse it, while
