@@ -31,7 +31,10 @@ class PlatformSettings(EnvSettings):
     plan_prefixes: bool = Field(True, description="group lines sharing a prompt prefix into shards (else file order)")
     plan_block_size: int = Field(16, ge=1, description="the workers' KV block size: the granularity of prefix plans")
     plan_window_lines: int = Field(
-        8192, ge=1, description="valid lines planned together (before shards are written; at most a shard: file order)"
+        8192,
+        ge=1,
+        description="valid lines planned together (before shards are written; at most a shard: file order); "
+        "a file's first windows are smaller (4 shards, then doubling), so that work starts at once",
     )
     broker_prefix: str = Field("", description="Redis key prefix, so several deployments can share one Redis db")
     queue_prefix: str = Field("pagedbatch", description="queue name prefix (`<prefix>.<model>`)")

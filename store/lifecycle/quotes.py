@@ -17,7 +17,7 @@ from typing import IO
 import numpy as np
 from sqlalchemy import select
 
-from batchfile.prefix_plan import PlanLine, plan_shards
+from batchfile.prefix_plan import PlanLine, plan_shards, window_lines
 from batchfile.shard_input import BadLine, validate_stream
 from store import models_registry
 from store.db import session_scope
@@ -64,7 +64,7 @@ class Quote:
 
 def plan_file(settings: Settings, source: IO[bytes], models, *, endpoint, defaults, bounds, workers: int):
     """(valid lines, invalid lines, shards, Work) of the file as validation would plan it."""
-    window = max(settings.plan_window_lines if settings.plan_prefixes else 1, settings.shard_size)
+    window = settings.plan_window_lines if settings.plan_prefixes else 1
     pending: dict[str, list[PlanLine]] = {}
     work, invalid, shards = Work(), 0, 0
 
@@ -93,7 +93,7 @@ def plan_file(settings: Settings, source: IO[bytes], models, *, endpoint, defaul
         work.completion_tokens += item.max_tokens
         lines = pending.setdefault(item.model, [])
         lines.append(item.plan_line)
-        if len(lines) >= window:
+        if len(lines) >= window_lines(window, settings.shard_size, shards):
             flush(lines)
     for lines in pending.values():
         if lines:

@@ -9,8 +9,9 @@ checkpoint: the next one re-reads the file and skips the committed lines (shard 
 derived from the counts, so rewriting them is harmless).
 
 With `on_invalid_lines=skip` shards are enqueued as they are written (work starts while a large file is
-still being validated) and the job turns `in_progress` with its first shard; with `fail` (OpenAI's
-/v1/batches) shards are held until the whole file passed, and one invalid line fails the job.
+still being validated: the first plan windows are small, `batchfile.prefix_plan.window_lines`) and the job
+turns `in_progress` with its first shard; with `fail` (OpenAI's /v1/batches) shards are held until the whole
+file passed, and one invalid line fails the job.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import DBAPIError
 
 from batchfile.model_limits import ModelLimits, UnknownModel, limits_by_name, limits_of
-from batchfile.prefix_plan import PlanLine, plan_shards
+from batchfile.prefix_plan import PlanLine, plan_shards, window_lines
 from batchfile.shard_input import BadLine, validate_stream
 from store import models_registry
 from store.db import session_scope
@@ -210,7 +211,8 @@ def _take(settings: Settings, run: _Run, item, line: int, enqueue: Enqueue) -> N
     else:
         lines = run.pending.setdefault(item.model, [])
         lines.append(item.plan_line)
-        full = len(lines) >= max(settings.plan_window_lines if settings.plan_prefixes else 1, settings.shard_size)
+        window = settings.plan_window_lines if settings.plan_prefixes else 1
+        full = len(lines) >= window_lines(window, settings.shard_size, run.shard_count)
     if full:
         _checkpoint(settings, run, enqueue)
     elif time.monotonic() - run.beat > HEARTBEAT_S:

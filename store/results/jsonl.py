@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
@@ -33,8 +34,11 @@ def _line_ids(seed: str, line: int) -> tuple[str, str]:
 _SPLITLINES_ESCAPES = str.maketrans({"\u0085": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
 
+_NEEDS_ESCAPES = re.compile("[\u0085\u2028\u2029]")
+
+
 def _one_line(text: str) -> str:
-    return text.translate(_SPLITLINES_ESCAPES)
+    return text.translate(_SPLITLINES_ESCAPES) if _NEEDS_ESCAPES.search(text) else text
 
 
 def _output_line(row: dict, line_id: str, request_id: str) -> str:
@@ -68,11 +72,28 @@ def result_line(row: dict, seed: str) -> str:
 def jsonl_lines(batches: Iterable[pa.RecordBatch], seed: str, *, errors: bool) -> Iterator[str]:
     """Output lines of the completed rows, or (`errors`) error lines of the others, in row order.
     The batches hold `JSONL_COLUMNS`."""
-    make_line = _error_line if errors else _output_line
     for batch in batches:
         completed = pc.equal(batch.column("status"), COMPLETED)
-        for row in batch.filter(pc.invert(completed) if errors else completed).to_pylist():
-            yield make_line(row, *_line_ids(seed, row["line"]))
+        rows = batch.filter(pc.invert(completed) if errors else completed)
+        if errors:
+            for row in rows.to_pylist():
+                yield _error_line(row, *_line_ids(seed, row["line"]))
+        else:
+            yield from _output_lines(rows, seed)
+
+
+def _output_lines(rows: pa.RecordBatch, seed: str) -> Iterator[str]:
+    """`_output_line` of each row, column by column (no dict per row: a job's output file is written while its
+    submitter waits). The same text: json.dumps of the head with its default separators, the body spliced in."""
+    dumps = json.JSONEncoder(ensure_ascii=False).encode
+    columns = (rows.column(name).to_pylist() for name in ("custom_id", "line", "response_body"))
+    for custom_id, line, body in zip(*columns):
+        line_id, request_id = _line_ids(seed, line)
+        text = (
+            f'{{"id": {dumps(line_id)}, "custom_id": {dumps(custom_id)}, "response": {{"status_code": 200, '
+            f'"request_id": {dumps(request_id)}, "body": {body}}}, "error": null}}'
+        )
+        yield _one_line(text) + "\n"
 
 
 def iter_output_jsonl(url: str, *, id_seed: str = "", storage_options: dict | None = None) -> Iterator[str]:

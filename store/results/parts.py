@@ -79,13 +79,35 @@ class ResultsStore:
         return sorted(f"{parts_dir}/{n}" for n in names if n.endswith(".parquet") and not n.startswith("."))
 
     def _read(self, path: str, columns=None) -> pa.Table:
-        """A Parquet file read whole, again with backoff while the storage fails transiently."""
+        """A Parquet file read whole, again with backoff while the storage fails transiently. A part is small:
+        read on this thread (pyarrow's pool cost a 250-row part 3 ms instead of 1 on a busy 2-core host)."""
 
         def read():
             with self.fs.open(path, "rb") as f:
-                return pq.read_table(f, columns=columns)
+                return pq.read_table(f, columns=columns, use_threads=False)
 
         return retrying(read, "reading a results part")
+
+    def _line_range(self, path: str) -> tuple[int, int] | None:
+        """The part's first and last line number (None: no rows), from its row groups' statistics where they
+        are written (they are, by pyarrow), else from its line column."""
+
+        def read():
+            with self.fs.open(path, "rb") as f:
+                meta = pq.ParquetFile(f).metadata
+            index = meta.schema.to_arrow_schema().get_field_index("line")
+            if index < 0:
+                return None
+            stats = [meta.row_group(i).column(index).statistics for i in range(meta.num_row_groups)]
+            if not all(s is not None and s.has_min_max for s in stats):
+                return None
+            return (min(s.min for s in stats), max(s.max for s in stats)) if stats else ()
+
+        found = retrying(read, "reading a results part")
+        if found is None:  # no statistics: the column itself
+            lines = self._read(path, ["line"]).column("line")
+            found = (pc.min(lines).as_py(), pc.max(lines).as_py()) if len(lines) else ()
+        return found or None
 
     def read_part(self, path: str) -> pa.Table:
         """A part sorted by line (a streamed part holds its rows in the order they finished); one
@@ -111,9 +133,8 @@ class ResultsStore:
         """Parts ordered by first line, and whether their line ranges are disjoint."""
         ranges = []
         for path in self.list_parts(job_id):
-            lines = self._read(path, ["line"]).column("line")
-            if len(lines):
-                ranges.append((pc.min(lines).as_py(), pc.max(lines).as_py(), path))
+            if (found := self._line_range(path)) is not None:
+                ranges.append((*found, path))
         ranges.sort()
         disjoint = all(a[1] < b[0] for a, b in zip(ranges, ranges[1:]))
         return [path for _, _, path in ranges], disjoint

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from batchfile.prefix_plan import PlanLine, cached_tokens_in_order, plan_shards, prompt_blocks
+from batchfile.prefix_plan import PlanLine, cached_tokens_in_order, plan_shards, prompt_blocks, window_lines
 from engine.core.block_manager import BlockManager, chain_hash, first_parent
 from engine.core.sequence import Sequence
 from engine.params.sampling_params import SamplingParams
@@ -74,3 +74,14 @@ def test_expected_cached_matches_the_block_manager():
         served += len(hits) * BS
     lines = [PlanLine("", len(ids), 0, prompt_blocks(ids, b"", BS)) for ids in prompts]
     assert cached_tokens_in_order(lines, BS) == served > 0
+
+
+def test_a_files_first_windows_are_small_then_double_up_to_the_configured_width():
+    # 256-line shards, 8192-line windows: 4 shards first, then as many lines as all before, then 8192
+    widths, shards = [], 0
+    for _ in range(7):
+        widths.append(window_lines(8192, 256, shards))
+        shards += widths[-1] // 256
+    assert widths == [1024, 1024, 2048, 4096, 8192, 8192, 8192]
+    assert window_lines(1, 256, 0) == 256  # at most a shard configured: a shard at a time
+    assert window_lines(1000, 8, 0) == 32  # a small file fits its first window whole

@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from engine.params.outputs import CompletionOutput, RequestOutput
 from store.lifecycle.finalize import maybe_finalize
 from store.lifecycle.jobs import get_job
-from store.results.part_writer import ROW_GROUP_ROWS
+from store.results.part_writer import ROW_GROUP_BYTES
 from store.results.parts import results_store
 from tests.helpers import chat_line, jsonl, validated
 from tests.platform.test_shards import FakeWatcher
@@ -101,6 +101,7 @@ def test_a_shard_of_large_outputs_is_written_as_it_runs(platform, monkeypatch):
     maybe_finalize(settings, job["id"])
     total = LINES * OUTPUT_CHARS
     # measured: 10 MB traced for 51 MB of outputs with 32-row groups; 108 MB with every row held to the end.
+    # (Row groups are bounded by their bytes, ROW_GROUP_BYTES: 16 of these rows.)
     # What stays allocated afterwards (first-time imports and caches when this test runs first) is not rows.
     assert peak - retained < total / 3, (peak, retained, total)
     final = get_job(settings, "default", job["id"])
@@ -138,7 +139,8 @@ def test_the_workers_rss_stays_flat_while_a_shard_of_large_outputs_runs(platform
 
 def test_an_attempt_handed_back_midway_leaves_no_part(platform):
     settings, job = _one_shard_job(platform)
-    host = LargeOutputHost(fail_after=3 * ROW_GROUP_ROWS + 5)  # some row groups written, then aborted
+    # some row groups written (a row holds 256 KB: its text and its body), then aborted
+    host = LargeOutputHost(fail_after=3 * ROW_GROUP_BYTES // (2 * OUTPUT_CHARS) + 5)
     assert shard_runner.run_shard(settings, host, FakeWatcher(), f"{job['id']}.00000") == "released"
     store = results_store(settings)
     assert store.list_parts(job["id"]) == []

@@ -15,7 +15,7 @@ from batchfile.errors import INVALID_JSON, LineError
 from batchfile.request import CHAT_URL, COMPLETIONS_URL, ParsedRequest
 from engine.params.outputs import CompletionOutput, RequestOutput
 from engine.params.sampling_params import SamplingParams
-from store.results.jsonl import iter_error_jsonl, iter_output_jsonl
+from store.results.jsonl import iter_error_jsonl, iter_output_jsonl, result_line
 from store.results.parquet import ResultCounts, count_results, write_results
 from store.results.parts import ResultsStore
 from store.results.rows import (
@@ -202,7 +202,7 @@ def test_merge_counts_and_jsonl(store):
 def test_output_lines_are_the_openai_objects_with_the_stored_body(tmp_path):
     """Output lines are written by splicing the stored body into the line; they must parse to exactly
     what `batch_output_line` builds, whatever the custom_id and the text hold."""
-    custom_ids = ["plain", 'quo"te \\ back', "ünï \u2028 line\nbreak", "{}", "nel \u0085 ps \u2029 end"]
+    custom_ids = ["plain", 'quo"te \\ back', "ünï \u2028 line\nbreak", "{}", "nel \u0085 ps \u2029 end", None]
     rows = []
     for line, custom_id in enumerate(custom_ids, start=1):
         request = ParsedRequest(
@@ -234,6 +234,7 @@ def test_output_lines_are_the_openai_objects_with_the_stored_body(tmp_path):
             request_id=parsed["response"]["request_id"],
         )
         assert parsed == expected
+    assert lines == [result_line(row, "job9") for row in rows]  # the live results' lines, byte for byte
     ids = [json.loads(t)["id"] for t in lines] + [json.loads(t)["response"]["request_id"] for t in lines]
     assert len(set(ids)) == len(ids)  # distinct per line and between line and request ids
 
