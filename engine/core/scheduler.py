@@ -6,7 +6,8 @@ budget. A long prompt thus runs in chunks that share steps with decodes. Running
 sequences go first, oldest first; waiting ones join in arrival order while the budget,
 the sequence cap and the pool allow. When the pool runs dry the newest running
 sequence is preempted: its blocks are freed and it is recomputed later. Sequences of the
-requests in `paused` (set by the caller) are skipped: they keep their blocks and wait.
+requests in `paused` (set by the caller) are skipped: they keep their blocks and wait. With LoRA, a
+step's sequences are grouped by adapter.
 
 vLLM's `scheduling_policy="priority"` replaces arrival order with rank: (priority, arrival), a
 lower priority value first. Both queues are kept in rank order, so waiting sequences join best
@@ -45,6 +46,16 @@ def chunk_size(seq: Sequence, start: int, n: int) -> int:
 def rank(seq: Sequence) -> tuple:
     """Under the priority policy: a lower priority value first, then the earlier arrival."""
     return seq.priority, seq.arrival, seq.seq_id
+
+
+def _group_by_adapter(batch: ScheduledBatch) -> None:
+    """Order the batch's sequences by adapter (stable): each adapter's rows then form one run, which the
+    CPU LoRA layers multiply by that adapter's weights alone (engine/lora/layers.py). A batch's order
+    changes nothing else: every output is per sequence, and sequences sharing prefix blocks share one
+    adapter, so keep their order."""
+    order = sorted(range(len(batch.seqs)), key=lambda i: batch.seqs[i].lora_id)
+    batch.seqs[:] = [batch.seqs[i] for i in order]
+    batch.num_new_tokens[:] = [batch.num_new_tokens[i] for i in order]
 
 
 class Scheduler:
@@ -137,6 +148,8 @@ class Scheduler:
             self.block_manager.register_full_blocks(seq, computed + n)  # later admissions may share them
             budget -= n
         self.waiting.extendleft(reversed(skipped))
+        if self.max_loras and len({s.lora_id for s in batch.seqs}) > 1:
+            _group_by_adapter(batch)
         return batch
 
     def _preempt(self, seq: Sequence) -> None:

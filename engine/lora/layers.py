@@ -4,11 +4,18 @@ computes it: `nn.Linear`, or `engine.cpu_linear.PackedLinear`'s oneDNN-packed we
 Each wrapped layer holds its adapters' weights stacked by slot, ranks padded to `max_lora_rank`, slot 0
 all zeros: A [slots + 1, parts * R, in] and B transposed, [slots + 1, parts * R, out], where a fused
 layer's parts (q/k/v of `qkv_proj`, gate/up of `gate_up_proj`) each own R rows of A and their columns of
-B, so that one pair of matmuls covers every part. On the CPU a step runs every row through the stacked
-A of all slots in use at once (one matmul), keeps each row's own slot's ranks (a one-hot mask, built once
-per step), and adds the product with the stacked B to the output (one more): three calls per layer
-whatever the mix of adapters, for extra work of (slots in use) x rank per row. On CUDA the Triton
-kernel (`pagedbatch_kernels.lora_quant.lora`) reads each row's own slot only."""
+B, so that one pair of matmuls covers every part.
+
+On the CPU, where the scheduler groups a step's sequences by adapter, each adapter's rows form a run
+(`StepMapping.runs`), multiplied by that slot's A and B alone: two matmuls per run on row slices, no
+work for the base model's rows. A step whose rows interleave adapters in short runs (not the
+scheduler's) takes the masked path instead: every row through the stacked A of all slots in use at once
+(one matmul), each row's own slot's ranks kept by a one-hot mask (built once per step), the product with
+the stacked B added to the output: three calls whatever the mix, for (slots in use) x the work. On the
+2-core AMD EPYC at one thread, a 5120-row prefill's four projections took 435 ms by runs, 615 masked
+and 432 without LoRA (4 adapters of rank 16 and the base, a fifth each); a 40-row decode step 2.9, 3.7
+and 2.4 ms. On CUDA the Triton kernel (`pagedbatch_kernels.lora_quant.lora`) reads each row's own
+slot only."""
 
 from __future__ import annotations
 
@@ -30,11 +37,13 @@ BLOCKS = {"qkv_proj": "self_attn", "o_proj": "self_attn", "gate_up_proj": "mlp",
 
 @dataclass
 class StepMapping:
-    """The step's rows' slots: `active` (the slots in use, not 0), `onehot` [T, top] (CPU: row t has a 1 in
-    column slot - 1, none for the base model; `top` = the highest slot in use) or `slots` [T] (CUDA).
+    """The step's rows' slots: `active` (the slots in use, not 0), and on the CPU either `runs` ((slot,
+    first row, end row) of each run of rows under one adapter) or `onehot` [T, top] (row t has a 1 in
+    column slot - 1, none for the base model; `top` = the highest slot in use); on CUDA `slots` [T].
     Empty: no adapter row."""
 
     active: tuple[int, ...] = ()
+    runs: tuple[tuple[int, int, int], ...] | None = None
     onehot: torch.Tensor | None = None
     slots: torch.Tensor | None = None
     _masks: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -114,6 +123,11 @@ class LoRALinear(nn.Module):
             from pagedbatch_kernels.lora_quant.lora import add_lora_delta
 
             add_lora_delta(y2, x2, self.lora_a, self.lora_b, step.slots)
+            return y
+        if step.runs is not None:
+            for slot, first, end in step.runs:
+                if self.used[slot]:
+                    y2[first:end].addmm_(x2[first:end] @ self.lora_a[slot].T, self.lora_bt[slot])
             return y
         top, width = step.onehot.shape[1], self.lora_a.shape[1]  # slots 1..top (slot 0 adds nothing)
         shrunk = (x2 @ self.lora_a[1 : top + 1].view(top * width, self.in_features).T).mul_(step.mask(width))

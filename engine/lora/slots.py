@@ -19,6 +19,10 @@ from engine.lora.request import LoRARequest
 
 log = logging.getLogger(__name__)
 
+# A CPU step multiplies each run of rows under one adapter on its own when there is one run per adapter
+# (the scheduler's grouping) or the runs average this many rows (prefill chunks); else the masked path.
+RUN_ROWS = 16
+
 
 class LoRASlots:
     def __init__(
@@ -129,8 +133,13 @@ class LoRASlots:
             return
         self.activate(used)
         slots = [self.slot_of[i] if i else 0 for i in lora_ids]
-        per_row = torch.repeat_interleave(torch.tensor(slots), torch.tensor(num_new_tokens))
         active = tuple(sorted(set(slots) - {0}))
+        if self.device.type != "cuda":
+            runs = adapter_runs(slots, num_new_tokens)
+            if len(runs) <= len(active) or sum(num_new_tokens) >= RUN_ROWS * len(runs):
+                self._step[0] = StepMapping(active, runs=runs)
+                return
+        per_row = torch.repeat_interleave(torch.tensor(slots), torch.tensor(num_new_tokens))
         if self.device.type == "cuda":
             self._step[0] = StepMapping(active, slots=per_row.to(self.device, torch.int32, non_blocking=True))
         else:
@@ -139,6 +148,19 @@ class LoRASlots:
 
     def end_step(self) -> None:
         self._step[0] = StepMapping()
+
+
+def adapter_runs(slots: list[int], counts: list[int]) -> tuple[tuple[int, int, int], ...]:
+    """(slot, first row, end row) of each run of consecutive rows under one adapter (`counts` rows of
+    each sequence in turn under `slots`); the base model's rows are in none."""
+    runs, first = [], 0
+    for slot, n in zip(slots, counts):
+        if slot and runs and runs[-1][0] == slot and runs[-1][2] == first:
+            runs[-1][2] += n
+        elif slot and n:
+            runs.append([slot, first, first + n])
+        first += n
+    return tuple(tuple(run) for run in runs)
 
 
 def register_lora(runner, lora_request: LoRARequest | None, prompt=None) -> int:

@@ -214,8 +214,22 @@ def test_triton_delta_matches_its_twin(dtype, tokens):
     torch.testing.assert_close(got[base_rows], y[base_rows], rtol=0, atol=0)
 
 
-def test_cpu_masked_delta_matches_the_twin(base, adapters):
-    """The CPU path (every slot in use at once, masked per row) against the twin, on the engine's weights."""
+# (adapter per sequence, rows per sequence, the path begin_step picks): runs of one adapter (the
+# scheduler's grouping, or long prefill chunks in any order) take the per-run path; short interleaved
+# runs the masked one.
+CPU_STEPS = {
+    "grouped-decode": ([0, 0, 1, 1, 2, 3, 3], [1] * 7, "runs"),
+    "prefill-chunks": ([1, 0, 2, 3, 1, 2], [20, 9, 17, 16, 20, 2], "runs"),
+    "mixed-grouped": ([0, 1, 1, 2, 3], [5, 1, 30, 1, 1], "runs"),
+    "interleaved": ([0, 2, 1, 2, 3, 0], [3, 1, 5, 2, 1, 4], "onehot"),
+    "interleaved-decode": ([1, 2, 1, 3, 2, 0, 1], [1] * 7, "onehot"),
+}
+
+
+@pytest.mark.parametrize("case", CPU_STEPS)
+def test_cpu_delta_matches_the_twin(base, adapters, case):
+    """The CPU paths (per run of one adapter; every slot at once, masked per row) against the twin, on
+    the engine's weights (a fused layer and a plain one; adapters that skip a layer add nothing)."""
     from engine.lora.layers import LoRALinear
     from pagedbatch_kernels.lora_quant.lora_reference import lora_delta
 
@@ -224,18 +238,27 @@ def test_cpu_masked_delta_matches_the_twin(base, adapters):
     for request in _requests(adapters).values():
         slots.register(request)
     slots.activate({1, 2, 3})
-    layer = slots.layers[(0, "q_proj")]
-    assert isinstance(layer, LoRALinear)
-    per_seq = [0, 2, 1, 2, 3, 0]
-    counts = [3, 1, 5, 2, 1, 4]
+    per_seq, counts, path = CPU_STEPS[case]
     slots.begin_step(per_seq, counts)
+    step = slots._step[0]
+    assert getattr(step, path) is not None and (step.runs is None) == (path != "runs")
     rows = torch.repeat_interleave(torch.tensor([slots.slot_of[i] if i else 0 for i in per_seq]), torch.tensor(counts))
-    x = torch.randn(sum(counts), layer.in_features)
-    got = layer(x)
-    expected = layer.base(x) + lora_delta(x, layer.lora_a, layer.lora_b, rows)
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    torch.manual_seed(len(counts))
+    for module in ("q_proj", "down_proj"):
+        layer = slots.layers[(0, module)]
+        assert isinstance(layer, LoRALinear)
+        x = torch.randn(sum(counts), layer.in_features)
+        expected = layer.base(x) + lora_delta(x, layer.lora_a, layer.lora_b, rows)
+        torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
     slots.end_step()
     torch.testing.assert_close(layer(x), layer.base(x))
+
+
+def test_adapter_runs_merge_neighbours_and_skip_the_base():
+    from engine.lora.slots import adapter_runs
+
+    assert adapter_runs([0, 2, 2, 1, 0, 1, 1], [3, 4, 1, 2, 5, 1, 0]) == ((2, 3, 8), (1, 8, 10), (1, 15, 16))
+    assert adapter_runs([0, 0], [1, 1]) == ()
 
 
 def test_offline_run_mixes_adapters_by_line_model(base, adapters, tmp_path):

@@ -254,3 +254,22 @@ def test_shared_prefix_is_not_recomputed_on_admission():
     assert b.num_cached_tokens == 12
     run_all(sched)
     assert sched.block_manager.num_free_blocks == sched.block_manager.num_blocks
+
+
+def test_with_lora_a_step_groups_its_sequences_by_adapter_in_their_order():
+    sched = Scheduler(BlockManager(64, BS), 8, 64, max_loras=3)
+    seqs = [make_seq(3, max_tokens=4) for _ in range(7)]
+    for seq, lora_id in zip(seqs, [2, 0, 1, 2, 0, 3, 1]):
+        seq.lora_id = lora_id
+        sched.add(seq)
+    first = step(sched)  # every prefill
+    later = step(sched)  # every decode
+    grouped = [seqs[i] for i in (1, 4, 2, 6, 0, 3, 5)]
+    for batch in (first, later):
+        assert batch.seqs == grouped
+    assert first.num_new_tokens == [3] * 7 and later.num_new_tokens == [1] * 7
+    plain = make(budget=64)  # without LoRA: arrival order
+    for seq in (a := [make_seq(3) for _ in range(3)]):
+        seq.lora_id = 0
+        plain.add(seq)
+    assert step(plain).seqs == a
