@@ -158,18 +158,31 @@ class Experts(nn.Module):
             self.down_proj_bias = nn.Parameter(torch.zeros(num_experts, hidden))
         self.biases = bias
         self.act = act
+        self.packed = False
+
+    def _pack(self, packed: bool) -> None:
+        """The weights as the native kernel reads them (`cpu_moe.pack_experts`, in place of the plain
+        tensors: the memory stays 1x), packed at its first call after loading; back to the plain layout
+        (once) for a torch path (PAGEDBATCH_MOE_PATH=grouped set later, tests)."""
+        if packed == self.packed:
+            return
+        hidden = self.gate_up_proj.shape[3] if self.packed else self.down_proj.shape[1]
+        change = cpu_moe.pack_experts if packed else lambda g, d: cpu_moe.unpack_experts(g, d, hidden)
+        with torch.no_grad():
+            self.gate_up_proj.data, self.down_proj.data = change(self.gate_up_proj.data, self.down_proj.data)
+        self.packed = packed
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         plain = self.act is None and not self.biases
+        padded = x.device.type == "cpu" and value(EngineSettings, "moe_path") != "grouped"
+        native = padded and plain and self.ops.fused_moe is None and cpu_moe.takes(x, self.gate_up_proj, self.down_proj)
+        self._pack(native)
+        if native:
+            return cpu_moe.moe_packed(x, self.gate_up_proj, self.down_proj, weights, ids)
         if self.ops.fused_moe is not None and plain:
             return self.ops.fused_moe(x, self.gate_up_proj, self.down_proj, weights, ids)
         act = self.act or self.ops.silu_and_mul
         biases = (self.gate_up_proj_bias, self.down_proj_bias) if self.biases else None
-        padded = x.device.type == "cpu" and value(EngineSettings, "moe_path") != "grouped"
-        if padded and plain and cpu_moe.takes(x, self.gate_up_proj, self.down_proj):
-            cpu_moe.cpu_layout(self.gate_up_proj)  # once: the weights transposed in place
-            cpu_moe.cpu_layout(self.down_proj)
-            return cpu_moe.moe_experts(x, self.gate_up_proj, self.down_proj, weights, ids)
         return (padded_experts if padded else grouped_experts)(
             x, self.gate_up_proj, self.down_proj, weights, ids, act, biases
         )

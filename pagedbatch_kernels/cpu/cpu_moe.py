@@ -3,7 +3,12 @@ expert's weights read once for all of its rows, the experts no token chose not r
 
 `engine.models.moe.padded_experts` (every expert through two bmm over a zero-padded batch) reads all the
 experts' weights at every decode step, and `grouped_experts` pays a dozen dispatches per expert; on a
-decode step of the bench's Qwen3-MoE both cost more than the arithmetic."""
+decode step of the bench's Qwen3-MoE both cost more than the arithmetic.
+
+The kernel reads the weights block-packed (`pack_experts`, once at the first call in
+`engine.models.moe.Experts`, in place of the plain tensors): each matrix [N, K] as [N / T][K][T], T the
+library's tile of outputs (`tile_outs`: 32 with AVX-512, 16 with AVX2) and N padded with zero rows, so a
+register tile streams contiguous memory instead of T floats at a stride of N per input."""
 
 from __future__ import annotations
 
@@ -25,18 +30,49 @@ def takes(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
     )
 
 
-def moe_experts(
+def tile_outs() -> int:
+    """The outputs of one block of the packed layout, as the library was built (its vector width)."""
+    return cpu_native.library().pb_moe_tile_outs()
+
+
+def _pack(weight: torch.Tensor, tile: int) -> torch.Tensor:
+    """[..., N, K] as [..., ceil(N / tile), K, tile], the rows past N zero."""
+    *lead, n, k = weight.shape
+    blocks = -(-n // tile)
+    if blocks * tile != n:
+        weight = torch.cat([weight, weight.new_zeros(*lead, blocks * tile - n, k)], dim=-2)
+    return weight.reshape(*lead, blocks, tile, k).transpose(-1, -2).contiguous()
+
+
+def _unpack(packed: torch.Tensor, n: int) -> torch.Tensor:
+    *lead, blocks, k, tile = packed.shape
+    return packed.transpose(-1, -2).reshape(*lead, blocks * tile, k)[..., :n, :].contiguous()
+
+
+def pack_experts(gate_up: torch.Tensor, down: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """gate_up [E, 2I, H] (gate rows first) and down [E, H, I] as the kernel reads them: gate_up
+    [E, 2, I / T, H, T] (the gate then the up matrix, packed) and down [E, H / T, I, T]."""
+    experts, double, hidden = gate_up.shape
+    tile = tile_outs()
+    return _pack(gate_up.reshape(experts, 2, double // 2, hidden), tile), _pack(down, tile)
+
+
+def unpack_experts(gate_up: torch.Tensor, down: torch.Tensor, hidden: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`pack_experts` undone: the plain contiguous gate_up [E, 2I, H] and down [E, H, I]."""
+    inter = down.shape[2]
+    plain = _unpack(gate_up, inter)
+    return plain.reshape(plain.shape[0], 2 * inter, plain.shape[-1]), _unpack(down, hidden)
+
+
+def moe_packed(
     x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
 ) -> torch.Tensor:
-    """`engine.models.moe.grouped_experts` with SiLU-and-multiply and no biases: x [T, H], gate_up
-    [E, 2I, H] (gate rows first), down [E, H, I], weights [T, k] and ids [T, k] of the router; [T, H] in
-    x's dtype. For tensors that `takes` takes."""
+    """`moe_experts` over weights that `pack_experts` packed."""
     tokens, hidden = x.shape
-    experts, double, _ = gate_up.shape
-    assert down.shape == (experts, hidden, double // 2)
+    experts, inter = down.shape[0], down.shape[2]
+    assert gate_up.shape[:2] == (experts, 2) and gate_up.shape[3] == hidden and gate_up.is_contiguous()
+    assert down.is_contiguous() and gate_up.shape[-1] == down.shape[-1] == tile_outs()
     rows = x.to(torch.float32).contiguous()
-    # the kernel reads the weights transposed; free where they are laid out so (`cpu_layout`)
-    gate_up, down = gate_up.transpose(1, 2).contiguous(), down.transpose(1, 2).contiguous()
     ids = ids.to(torch.int64).contiguous()
     weights = weights.to(torch.float32).contiguous()
     out = torch.empty((tokens, hidden), dtype=torch.float32)
@@ -46,7 +82,7 @@ def moe_experts(
         hidden,
         gate_up.data_ptr(),
         down.data_ptr(),
-        double // 2,
+        inter,
         experts,
         ids.data_ptr(),
         weights.data_ptr(),
@@ -59,8 +95,10 @@ def moe_experts(
     return out.to(x.dtype)
 
 
-def cpu_layout(weight: torch.nn.Parameter) -> None:
-    """Lay an expert weight [E, out, in] out as the kernel reads it (in place, same shape and values):
-    strides (out * in, 1, out), each input's outputs contiguous. torch's matmuls take either layout."""
-    if not weight.transpose(1, 2).is_contiguous():
-        weight.data = weight.data.transpose(1, 2).contiguous().transpose(1, 2)
+def moe_experts(
+    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
+    """`engine.models.moe.grouped_experts` with SiLU-and-multiply and no biases: x [T, H], gate_up
+    [E, 2I, H] (gate rows first), down [E, H, I], weights [T, k] and ids [T, k] of the router; [T, H] in
+    x's dtype. For tensors that `takes` takes; packs the weights at every call (the engine packs once)."""
+    return moe_packed(x, *pack_experts(gate_up, down), weights, ids)

@@ -138,6 +138,8 @@ def bind(path: Path) -> ctypes.CDLL:
     lib.pb_dequant_fp8.restype = None
     lib.pb_moe_experts.argtypes = [p, i, i, p, p, i, i, p, p, i, p, i]
     lib.pb_moe_experts.restype = ctypes.c_int
+    lib.pb_moe_tile_outs.argtypes = []
+    lib.pb_moe_tile_outs.restype = ctypes.c_int
     return lib
 
 

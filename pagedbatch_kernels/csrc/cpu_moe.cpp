@@ -1,7 +1,8 @@
 // The CPU engine's routed experts for a step of few tokens (decode): sum_j w[t, j] * expert_{ids[t, j]}(x[t])
 // with each expert a SwiGLU MLP (gate/up rows [2I, H], gate first; down [H, I]), in one call. Each expert
-// that has tokens reads its weights once, for all of its rows together (register tiles of 32 outputs by
-// up to 12 token rows); experts that no token chose are not read at all. torch's way (a zero-padded batch of
+// that has tokens reads its weights once, for all of its rows together (register tiles of TILE_OUTS outputs
+// by up to TILE_ROWS token rows, over weights block-packed at load so that a tile streams contiguous
+// memory: see pb_moe_tile_outs); experts that no token chose are not read at all. torch's way (a zero-padded batch of
 // every expert through two bmm, or a loop of matmuls per expert) reads every expert's weights or pays a
 // dozen dispatches per expert; at a decode step's size both cost more than the arithmetic.
 //
@@ -14,10 +15,11 @@
 
 #include "cpu_vec.h"
 
-constexpr int TILE_ROWS = 12;                      // token rows of one register tile
-constexpr int TILE_VECTORS = 2;                    // output vectors of one register tile
-constexpr int TILE_OUTS = TILE_VECTORS * LANES;
-constexpr int BLOCK_OUTS = 64;                     // outputs of one work item
+constexpr int TILE_VECTORS = 2;                          // output vectors of one register tile
+constexpr int TILE_ROWS = ACCUMULATORS / TILE_VECTORS;   // token rows of one tile (12 AVX-512, 6 AVX2)
+constexpr int TILE_OUTS = TILE_VECTORS * LANES;          // the packed layout's block of outputs
+constexpr int BLOCK_OUTS = 64;                           // outputs of one work item (a multiple of TILE_OUTS)
+static_assert(BLOCK_OUTS % TILE_OUTS == 0, "a work item starts a tile");
 constexpr int64_t PARALLEL_MACS = 256 * 1024;      // below this many multiply-adds a call, one thread
 
 static inline float round_scalar(float x, bool bf16) {
@@ -36,54 +38,52 @@ static inline float load_scalar(const uint16_t* p) {
     return f;
 }
 
-// y[r][n] = sum_k x[r][k] * w[k][n] for rows r < count and outputs n in [n0, n1); w [K, ld] (the weight
-// transposed: one input's outputs contiguous), so a tile's accumulators hold outputs side by side and
-// no horizontal sum is needed. Tiles of `count` rows by TILE_OUTS outputs, the rest one output at a time.
+// y[r][n] = sum_k x[r][k] * w[k][n] for rows r < count and outputs n in [n0, n1), n0 a multiple of TILE_OUTS;
+// w packed (`pb_moe_tile_outs`): [N / TILE_OUTS][K][TILE_OUTS], the outputs past N zero, so a tile of `count`
+// rows by TILE_OUTS outputs streams one contiguous run of K * TILE_OUTS weights and its accumulators hold
+// outputs side by side (no horizontal sum). Outputs past n1 are computed and not stored.
 template <int count, typename W>
-static void tile_rows(const float* const* x, const W* w, int K, int64_t ld, int n0, int n1, float* const* y,
-                      bool round) {
-    int n = n0;
-    for (; n + TILE_OUTS <= n1; n += TILE_OUTS) {
+static void tile_rows(const float* const* x, const W* w, int K, int n0, int n1, float* const* y, bool round) {
+    for (int n = n0; n < n1; n += TILE_OUTS) {
+        const W* wt = w + int64_t(n / TILE_OUTS) * K * TILE_OUTS;
         vfloat acc[count][TILE_VECTORS] = {};
         for (int k = 0; k < K; k++) {
             vfloat wv[TILE_VECTORS];
-            for (int v = 0; v < TILE_VECTORS; v++) wv[v] = load(w + k * ld + n + v * LANES);
+            for (int v = 0; v < TILE_VECTORS; v++) wv[v] = load(wt + k * TILE_OUTS + v * LANES);
             for (int r = 0; r < count; r++) {
                 vfloat xb = splat(x[r][k]);
                 for (int v = 0; v < TILE_VECTORS; v++) acc[r][v] += xb * wv[v];
             }
         }
+        const int valid = std::min(TILE_OUTS, n1 - n);
         for (int r = 0; r < count; r++)
             for (int v = 0; v < TILE_VECTORS; v++) {
                 vfloat a = acc[r][v];
-                for (int i = 0; i < LANES; i++) y[r][n + v * LANES + i] = round_scalar(a[i], round);
+                for (int i = 0; i < LANES && v * LANES + i < valid; i++)
+                    y[r][n + v * LANES + i] = round_scalar(a[i], round);
             }
     }
-    for (; n < n1; n++)
-        for (int r = 0; r < count; r++) {
-            float s = 0.f;
-            for (int k = 0; k < K; k++) s += x[r][k] * load_scalar(w + k * ld + n);
-            y[r][n] = round_scalar(s, round);
-        }
 }
 
 template <int count, typename W>
-static void tile_tail(const float* const* in, const W* w, int K, int64_t ld, int n0, int n1, float* const* out,
-                      int rest, bool round) {
+static void tile_tail(const float* const* in, const W* w, int K, int n0, int n1, float* const* out, int rest,
+                      bool round) {
     if constexpr (count > 0) {
-        if (rest == count) return tile_rows<count>(in, w, K, ld, n0, n1, out, round);
-        tile_tail<count - 1>(in, w, K, ld, n0, n1, out, rest, round);
+        if (rest == count) return tile_rows<count>(in, w, K, n0, n1, out, round);
+        tile_tail<count - 1>(in, w, K, n0, n1, out, rest, round);
     }
 }
 
-// outputs [n0, n1) of one expert for its `count` rows (row i reads in[i], writes out[i])
+// outputs [n0, n1) of one packed weight for its `count` rows (row i reads in[i], writes out[i])
 template <typename W>
-static void expert_block(const float* const* in, float* const* out, int count, const W* w, int K, int64_t ld,
-                         int n0, int n1, bool round) {
+static void expert_block(const float* const* in, float* const* out, int count, const W* w, int K, int n0, int n1,
+                         bool round) {
     int r = 0;
-    for (; r + TILE_ROWS <= count; r += TILE_ROWS) tile_rows<TILE_ROWS>(in + r, w, K, ld, n0, n1, out + r, round);
-    if (r < count) tile_tail<TILE_ROWS - 1>(in + r, w, K, ld, n0, n1, out + r, count - r, round);
+    for (; r + TILE_ROWS <= count; r += TILE_ROWS) tile_rows<TILE_ROWS>(in + r, w, K, n0, n1, out + r, round);
+    if (r < count) tile_tail<TILE_ROWS - 1>(in + r, w, K, n0, n1, out + r, count - r, round);
 }
+
+static inline int64_t padded(int n) { return (int64_t(n) + TILE_OUTS - 1) / TILE_OUTS * TILE_OUTS; }
 
 template <typename W>
 static void moe(const float* x, int tokens, int hidden, const W* gate_up, const W* down, int inter, int experts,
@@ -126,12 +126,11 @@ static void moe(const float* x, int tokens, int hidden, const W* gate_up, const 
         for (int i = 0; i < n1; i++) {
             int e = items1[i].first, lo = items1[i].second, hi = std::min(inter, lo + BLOCK_OUTS);
             int first = start[e], count = start[e + 1] - first;
-            const W* w = gate_up + int64_t(e) * 2 * inter * hidden;
-            // gate outputs [lo, hi) into the slot's gate half, up outputs (inter + [lo, hi)) into its up half
-            expert_block(x_rows.data() + first, gate_rows.data() + first, count, w, hidden, 2 * inter, lo, hi,
-                         round);
-            expert_block(x_rows.data() + first, up_rows.data() + first, count, w + inter, hidden, 2 * inter, lo,
-                         hi, round);
+            // the expert's gate then its up matrix, each packed over padded(inter) outputs
+            const W* w = gate_up + int64_t(e) * 2 * padded(inter) * hidden;
+            expert_block(x_rows.data() + first, gate_rows.data() + first, count, w, hidden, lo, hi, round);
+            expert_block(x_rows.data() + first, up_rows.data() + first, count, w + padded(inter) * hidden, hidden,
+                         lo, hi, round);
             for (int r = 0; r < count; r++) {
                 const float* g = gate_rows[first + r];
                 const float* u = up_rows[first + r];
@@ -146,8 +145,8 @@ static void moe(const float* x, int tokens, int hidden, const W* gate_up, const 
         for (int i = 0; i < n2; i++) {
             int e = items2[i].first, lo = items2[i].second, hi = std::min(hidden, lo + BLOCK_OUTS);
             int first = start[e], count = start[e + 1] - first;
-            expert_block(act_in.data() + first, y_rows.data() + first, count, down + int64_t(e) * hidden * inter,
-                         inter, hidden, lo, hi, round);
+            expert_block(act_in.data() + first, y_rows.data() + first, count, down + int64_t(e) * padded(hidden) * inter,
+                         inter, lo, hi, round);
         }
 #pragma omp for schedule(static)
         for (int t = 0; t < tokens; t++) {
@@ -164,18 +163,23 @@ static void moe(const float* x, int tokens, int hidden, const W* gate_up, const 
 
 extern "C" {
 
-// x [tokens, hidden] float32; gate_up_t [experts, hidden, 2 * inter] and down_t [experts, inter, hidden]
-// (the experts' weights transposed: one input's outputs contiguous) float32 (bf16 0) or bfloat16 (bf16 1); ids [tokens, k] int64 in [0, experts); weights [tokens, k] float32;
-// out [tokens, hidden] float32. Every tensor contiguous. Returns -1 (writing nothing) for an id out of range.
-int pb_moe_experts(const float* x, int tokens, int hidden, const void* gate_up_t, const void* down_t, int inter,
+// The outputs of one block of the packed layout: a matrix [N, K] (y = W x) is packed as
+// [ceil(N / T)][K][T] with T this number (32 with AVX-512, 16 with AVX2), the rows past N zero.
+int pb_moe_tile_outs() { return TILE_OUTS; }
+
+// x [tokens, hidden] float32; gate_up [experts][2][padded(inter) / T][hidden][T] (each expert's gate matrix,
+// then its up matrix, packed) and down [experts][padded(hidden) / T][inter][T], float32 (bf16 0) or bfloat16
+// (bf16 1); ids [tokens, k] int64 in [0, experts); weights [tokens, k] float32; out [tokens, hidden]
+// float32. Every tensor contiguous. Returns -1 (writing nothing) for an id out of range.
+int pb_moe_experts(const float* x, int tokens, int hidden, const void* gate_up, const void* down, int inter,
                    int experts, const int64_t* ids, const float* weights, int k, float* out, int bf16) {
     for (int64_t s = 0; s < int64_t(tokens) * k; s++)
         if (ids[s] < 0 || ids[s] >= experts) return -1;
     if (bf16)
-        moe(x, tokens, hidden, (const uint16_t*)gate_up_t, (const uint16_t*)down_t, inter, experts, ids, weights, k, out,
+        moe(x, tokens, hidden, (const uint16_t*)gate_up, (const uint16_t*)down, inter, experts, ids, weights, k, out,
             true);
     else
-        moe(x, tokens, hidden, (const float*)gate_up_t, (const float*)down_t, inter, experts, ids, weights, k, out,
+        moe(x, tokens, hidden, (const float*)gate_up, (const float*)down, inter, experts, ids, weights, k, out,
             false);
     return 0;
 }

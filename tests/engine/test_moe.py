@@ -103,6 +103,44 @@ def test_native_experts_equal_grouped(tokens, dtype):
         cpu_moe.moe_experts(torch.ones(1, hidden, dtype=dtype), gate_up, down, torch.ones(1, k), torch.full((1, k), 6))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_experts_equal_grouped_and_unpack(dtype, monkeypatch):
+    """The engine's experts pack their weights at the first native call (in place of the plain tensors,
+    the outputs padded to the library's tile with zeros: hidden 100 and intermediate 36 are multiples
+    of no tile) and give what the grouped path gives, for experts of 1 and 13 rows (a full tile of
+    rows and one past it, some experts chosen by none); PAGEDBATCH_MOE_PATH=grouped afterwards gets the
+    plain weights back, equal to the loaded ones."""
+    if cpu_native.library() is None:
+        pytest.skip("no native CPU kernels here")
+    from types import SimpleNamespace
+
+    from engine.models.moe import Experts
+
+    g = torch.Generator().manual_seed(5)
+    experts, hidden, inter, k = 5, 100, 36, 2
+    block = Experts(experts, hidden, inter, SimpleNamespace(fused_moe=None, silu_and_mul=silu_and_mul)).to(dtype)
+    with torch.no_grad():
+        block.gate_up_proj.copy_(torch.randn(experts, 2 * inter, hidden, generator=g) * 0.2)
+        block.down_proj.copy_(torch.randn(experts, hidden, inter, generator=g) * 0.2)
+    plain = block.gate_up_proj.detach().clone(), block.down_proj.detach().clone()
+    # expert 0: 13 rows, expert 3: 1 row, expert 1: 12, 2 and 4: none
+    ids = torch.tensor([[0, 1]] * 12 + [[0, 3]])
+    weights = torch.softmax(torch.randn(13, k, generator=g), -1)
+    x = torch.randn(13, hidden, generator=g).to(dtype)
+    want = grouped_experts(x, *plain, weights, ids, silu_and_mul)
+    tol = dict(atol=2e-2, rtol=2**-7) if dtype == torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
+    monkeypatch.delenv("PAGEDBATCH_MOE_PATH", raising=False)
+    torch.testing.assert_close(block(x, weights, ids), want, **tol)
+    tile = cpu_moe.tile_outs()
+    assert block.packed and block.down_proj.shape == (experts, -(-hidden // tile), inter, tile)
+    assert block.gate_up_proj.numel() == experts * 2 * -(-inter // tile) * tile * hidden
+    torch.testing.assert_close(block(x[12:], weights[12:], ids[12:]), want[12:], **tol)
+    monkeypatch.setenv("PAGEDBATCH_MOE_PATH", "grouped")
+    torch.testing.assert_close(block(x, weights, ids), want, rtol=0, atol=0)
+    assert not block.packed
+    assert torch.equal(block.gate_up_proj, plain[0]) and torch.equal(block.down_proj, plain[1])
+
+
 @pytest.mark.parametrize("normalize", [False, True])
 def test_route_is_transformers_router(normalize):
     from transformers import Qwen2MoeConfig
@@ -138,8 +176,8 @@ def test_config_reads_the_expert_settings(tiny_model):
 def test_greedy_matches_transformers(tiny_model, arch, monkeypatch):
     """Decode steps run the native experts kernel (where it is here), prefill steps the padded/grouped path."""
     native = []
-    real = cpu_moe.moe_experts
-    monkeypatch.setattr(cpu_moe, "moe_experts", lambda *a: native.append(a[0].shape[0]) or real(*a))
+    real = cpu_moe.moe_packed
+    monkeypatch.setattr(cpu_moe, "moe_packed", lambda *a: native.append(a[0].shape[0]) or real(*a))
     path = tiny_model(arch)
     prompts, max_tokens = make_prompts(seed=1)
     llm = LLM(str(path))
