@@ -15,11 +15,12 @@ pytestmark = pytest.mark.slow
 def test_sigkill_mid_shard_several_times(fresh_workers):
     h = fresh_workers
     ids = [f"k{i}" for i in range(24)]
-    job = h.submit([long_line(cid, max_tokens=240) for cid in ids])  # a shard runs for about a second
+    # a shard runs for at least 1.2 s (240 steps of at least 5 ms), however fast the machine decodes
+    job = h.submit([long_line(cid, max_tokens=240) for cid in ids])
     assert job["shards"] == 6
     for kill in range(3):
         since = utcnow()
-        worker = h.start_worker()
+        worker = h.start_worker(step_delay_s=0.005)
         h.wait_running(job["id"], since)
         time.sleep(0.3)  # well inside the shard
         worker.kill(signal.SIGKILL)
