@@ -307,14 +307,14 @@ class ModelRunner:
             input_ids, inputs, sample_rows = self.prepare(batch, image_embeds is not None)
             hidden = self.model(input_ids, inputs, image_embeds)
             extra = hidden[to_device(extra_rows, torch.long, self.device)]
-            return self.model.compute_logits(hidden[sample_rows]), extra
+            return self.model.compute_logits(hidden.index_select(0, sample_rows)), extra
         if image_embeds is None and self.graph_runner is not None and self.graph_runner.can_run(batch.num_new_tokens):
             hidden = self.graph_runner.run(batch.seqs)
             # A one-token chunk that does not finish its prompt has nothing to sample.
             rows = [i for i, s in enumerate(batch.seqs) if s.num_computed_tokens + 1 == len(s)]
             if len(rows) < len(batch.seqs):
-                hidden = hidden[to_device(rows, torch.long, self.device)]
+                hidden = hidden.index_select(0, to_device(rows, torch.long, self.device))
             return self.model.compute_logits(hidden)
         input_ids, inputs, sample_rows = self.prepare(batch, image_embeds is not None)
         hidden = self.model(input_ids, inputs, image_embeds)
-        return self.model.compute_logits(hidden[sample_rows])
+        return self.model.compute_logits(hidden.index_select(0, sample_rows))

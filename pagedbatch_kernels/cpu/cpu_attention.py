@@ -94,16 +94,16 @@ class DecodeCall:
             return decode_kernel(q, k_cache, v_cache, self.tables, self.lens, scale)
         parts = []
         for part in self.kernels:
-            out, lse = decode_kernel(q[part.rows], k_cache, v_cache, part.tables, part.lens, scale)
+            out, lse = decode_kernel(q.index_select(0, part.rows), k_cache, v_cache, part.tables, part.lens, scale)
             parts.append((out[: part.count], lse[: part.count]))
         parts += [chunk_attention(q, k_cache, v_cache, batch, scale) for batch in self.chunks]
         if self.spans is not None:
-            parts.append(self.spans.run(q[self.span_rows], k_cache, v_cache, scale))
+            parts.append(self.spans.run(q.index_select(0, self.span_rows), k_cache, v_cache, scale))
         out, lse = (torch.cat(p) for p in zip(*parts))
-        return out[self.order], lse[self.order]
+        return out.index_select(0, self.order), lse.index_select(0, self.order)
 
     def run(self, query, k_cache, v_cache, scale, out) -> None:
-        q = query if self.tokens is None else query[self.tokens]
+        q = query if self.tokens is None else query.index_select(0, self.tokens)
         result, lse = self._tails(q, k_cache, v_cache, scale)
         if self.prefixes:
             prefix_out, prefix_lse = grouped_prefix_attention(
@@ -115,7 +115,7 @@ class DecodeCall:
         if self.tokens is None:
             out.copy_(result)
         else:
-            out[self.tokens[: self.count]] = result
+            out.index_copy_(0, self.tokens[: self.count], result)
 
 
 @dataclass
@@ -167,7 +167,7 @@ def plan_decodes(
     starts, lengths = query_start_loc.tolist(), seq_lens.tolist()
     seqs = [i for i in range(len(lengths)) if 1 <= starts[i + 1] - starts[i] <= SHORT_CHUNK]
     device = block_tables.device
-    seq_tables = block_tables[torch.tensor(seqs, device=device)].tolist() if seqs else []
+    seq_tables = block_tables.index_select(0, torch.tensor(seqs, device=device)).tolist() if seqs else []
     tokens, tables, row_lens, row_seqs = [], [], [], []  # per row
     for i, table in zip(seqs, seq_tables):
         q_len = starts[i + 1] - starts[i]

@@ -110,9 +110,16 @@ def banded_attention(
     out = torch.empty_like(query)
     if plan.rows is not None:
         result, _ = cpu_native.decode_attention(
-            query[plan.rows], k_cache, v_cache, plan.tables, plan.lens, scale, lows=plan.lows, softcap=softcap
+            query.index_select(0, plan.rows),
+            k_cache,
+            v_cache,
+            plan.tables,
+            plan.lens,
+            scale,
+            lows=plan.lows,
+            softcap=softcap,
         )
-        out[plan.rows] = result.to(out.dtype)
+        out.index_copy_(0, plan.rows, result.to(out.dtype))
     if plan.spans is not None:
         spans = plan.spans
         result, _ = cpu_native.span_attention(
