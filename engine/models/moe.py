@@ -34,7 +34,7 @@ from pagedbatch_kernels.cpu import cpu_moe
 from settings import EngineSettings, value
 
 SERIAL_ROWS = 64  # on the CPU, experts' matmuls averaging fewer rows than this run on one thread
-DENSE_TOKENS = 64  # on the CPU, blocks of at most this many tokens (decode steps) run on one thread
+DENSE_TOKENS = 64  # on the CPU, blocks of at most this many tokens (decode steps) route on one thread
 PAD_FACTOR = 4  # padded_experts: at most this many times the rows the (token, choice) slots need
 
 
@@ -172,7 +172,9 @@ class Experts(nn.Module):
             self.gate_up_proj.data, self.down_proj.data = change(self.gate_up_proj.data, self.down_proj.data)
         self.packed = packed
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, few: bool = False) -> torch.Tensor:
+        """The weighted experts' sum; `few`: a CPU step of few rows, whose torch paths run on one thread (the
+        native kernel decides for itself: one parallel region per call, its work split by expert and outputs)."""
         plain = self.act is None and not self.biases
         padded = x.device.type == "cpu" and value(EngineSettings, "moe_path") != "grouped"
         native = padded and plain and self.ops.fused_moe is None and cpu_moe.takes(x, self.gate_up_proj, self.down_proj)
@@ -183,9 +185,10 @@ class Experts(nn.Module):
             return self.ops.fused_moe(x, self.gate_up_proj, self.down_proj, weights, ids)
         act = self.act or self.ops.silu_and_mul
         biases = (self.gate_up_proj_bias, self.down_proj_bias) if self.biases else None
-        return (padded_experts if padded else grouped_experts)(
-            x, self.gate_up_proj, self.down_proj, weights, ids, act, biases
-        )
+        with _one_thread_if(few):
+            return (padded_experts if padded else grouped_experts)(
+                x, self.gate_up_proj, self.down_proj, weights, ids, act, biases
+            )
 
 
 class SparseMoeBlock(nn.Module):
@@ -205,9 +208,11 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert = self.shared_expert_gate = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with _one_thread_if(x.device.type == "cpu" and x.shape[0] <= DENSE_TOKENS):  # a decode step's few rows
+        few = x.device.type == "cpu" and x.shape[0] <= DENSE_TOKENS  # a decode step's few rows
+        with _one_thread_if(few):
             weights, ids = route(self.gate(x), self.top_k, self.normalize)
-            out = self.experts(x, weights, ids)
-            if self.shared_expert is not None:
+        out = self.experts(x, weights, ids, few)
+        if self.shared_expert is not None:
+            with _one_thread_if(few):
                 out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
