@@ -103,6 +103,30 @@ def test_native_experts_equal_grouped(tokens, dtype):
         cpu_moe.moe_experts(torch.ones(1, hidden, dtype=dtype), gate_up, down, torch.ones(1, k), torch.full((1, k), 6))
 
 
+def test_native_experts_do_not_depend_on_the_thread_count():
+    """Decode steps run the kernel on every intra-op thread: its work is split by (expert, block of
+    outputs) and each output summed by one thread, so one thread and two give the same bits."""
+    if cpu_native.library() is None:
+        pytest.skip("no native CPU kernels here")
+    g = torch.Generator().manual_seed(3)
+    experts, hidden, inter, k, tokens = 16, 384, 256, 4, 32  # past the kernel's parallel threshold
+    x = torch.randn(tokens, hidden, generator=g)
+    gate_up, down = (
+        torch.randn(experts, 2 * inter, hidden, generator=g),
+        torch.randn(experts, hidden, inter, generator=g),
+    )
+    weights, ids = route(torch.randn(tokens, experts, generator=g), k, normalize=True)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = cpu_moe.moe_experts(x, gate_up, down, weights, ids)
+        torch.set_num_threads(2)
+        two = cpu_moe.moe_experts(x, gate_up, down, weights, ids)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_packed_experts_equal_grouped_and_unpack(dtype, monkeypatch):
     """The engine's experts pack their weights at the first native call (in place of the plain tensors,
