@@ -161,9 +161,10 @@ class EngineSettings(EnvSettings):
     )
     cpu_threads: Literal["auto", "all"] = Field(
         "all",
-        description="`all` runs every CPU step on all intra-op threads; `auto` drops to one while the host "
-        "does not give them their cores, for hosts shared with other work (engine/runner/cpu_threads.py; "
-        "float results may then differ in the last bits between runs)",
+        description="`all` runs every CPU step on all intra-op threads (but a small one, of under 2**26 "
+        "multiply-adds, on one, whatever the load); `auto` also drops to one while the host does not give "
+        "them their cores, for hosts shared with other work (engine/runner/cpu_threads.py; float results "
+        "may then differ in the last bits between runs)",
     )
     moe_path: Literal["auto", "grouped"] = Field(
         "auto", description="`grouped` turns off the CPU's padded batched-matmul and native paths for MoE experts"

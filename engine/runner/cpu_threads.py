@@ -7,8 +7,13 @@ scheduler (milliseconds), and a step runs hundreds of regions. On the 2-core AMD
 MoE bench's run took 25-53 s on two threads and 7-8 s on one. A step on all threads whose process got
 less than SHARE of those threads' time (CPU time over wall time: a waiting, descheduled thread
 accrues none) puts the next PROBE_STEPS steps on one thread; then all threads are tried again.
-`cpu_threads=all` (the default) keeps every thread always: results then do not depend on the host's load
-(a GEMM's sums may be split differently on one thread and on two)."""
+`cpu_threads=all` (the default) keeps every thread for every step big enough to gain from them: results
+then do not depend on the host's load (a GEMM's sums may be split differently on one thread and on two).
+
+Either way a small step runs on one thread: one of under SMALL_STEP_MACS multiply-adds (its new tokens
+times the language model's weights; a decode step of a small model) is a few milliseconds of arithmetic
+on one core, under the cost of its hundreds of parallel regions' fork and join on two. Which steps those
+are depends on the step's size alone, never on the host's load."""
 
 from __future__ import annotations
 
@@ -22,28 +27,43 @@ from settings import EngineSettings, value
 SHARE = 0.6  # below this share of the threads' time, the host is taken to be busy
 PROBE_STEPS = 32  # steps on one thread before all threads are tried again
 MIN_WALL = 0.005  # shorter steps are not judged (too few regions to tell)
+SMALL_STEP_MACS = 2**26  # below this many multiply-adds a step runs on one thread
 
 
 class StepThreads:
-    def __init__(self):
+    def __init__(self, macs_per_token: int = 0):
         self.threads = torch.get_num_threads()
+        self.macs_per_token = macs_per_token  # the language model's weights (0: no step counts as small)
         self.single_left = 0  # steps left on one thread
 
     @contextlib.contextmanager
-    def step(self):
-        if self.threads == 1 or value(EngineSettings, "cpu_threads") == "all":
+    def step(self, tokens: int = 0):
+        if self.threads == 1:
+            yield
+            return
+        if 0 < tokens * self.macs_per_token < SMALL_STEP_MACS:
+            with _one_thread(self.threads):
+                yield
+            return
+        if value(EngineSettings, "cpu_threads") == "all":
             yield
             return
         if self.single_left > 0:
             self.single_left -= 1
-            torch.set_num_threads(1)
-            try:
+            with _one_thread(self.threads):
                 yield
-            finally:
-                torch.set_num_threads(self.threads)
             return
         wall, cpu = time.perf_counter(), time.process_time()
         yield
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         if wall >= MIN_WALL and cpu < SHARE * self.threads * wall:
             self.single_left = PROBE_STEPS
+
+
+@contextlib.contextmanager
+def _one_thread(threads: int):
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

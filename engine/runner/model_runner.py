@@ -45,7 +45,6 @@ class ModelRunner:
         self.dtype = dtype
         self.block_size = config.block_size
         self.ops = select_ops(config.attention_backend, device)
-        self.step_threads = StepThreads() if device.type == "cpu" else None
         if device.type == "cpu":
             keep_freed_memory()
         with torch.device(device):
@@ -78,6 +77,7 @@ class ModelRunner:
 
             self.lora = LoRASlots(model, config.max_loras, config.max_lora_rank, config.max_cpu_loras, device, dtype)
         self.model = model.eval()
+        self.step_threads = StepThreads(_matmul_weights(model)) if device.type == "cpu" else None
         self.images = make_step_embeds(model_config, config, device, dtype)  # None for a text-only model
         self.num_blocks = config.num_kv_blocks or self._auto_num_blocks()
         if config.num_kv_blocks:
@@ -298,7 +298,7 @@ class ModelRunner:
         (logits, the final hidden states of those rows) from the same forward pass."""
         if self.step_threads is None:
             return self._execute(batch, extra_rows)
-        with self.step_threads.step():  # on a busy host, one thread (engine/runner/cpu_threads.py)
+        with self.step_threads.step(sum(batch.num_new_tokens)):  # small or on a busy host: one thread
             return self._execute(batch, extra_rows)
 
     def _execute(self, batch: ScheduledBatch, extra_rows: list[int] | None = None):
@@ -318,3 +318,13 @@ class ModelRunner:
         input_ids, inputs, sample_rows = self.prepare(batch, image_embeds is not None)
         hidden = self.model(input_ids, inputs, image_embeds)
         return self.model.compute_logits(hidden.index_select(0, sample_rows))
+
+
+def _matmul_weights(model: torch.nn.Module) -> int:
+    """Multiply-adds per token through the model's linear layers (each with in/out features, packed or
+    quantized alike): the measure of a step's size that picks its threads (`engine.runner.cpu_threads`)."""
+    return sum(
+        m.in_features * m.out_features
+        for m in model.modules()
+        if hasattr(m, "in_features") and hasattr(m, "out_features")
+    )

@@ -1,6 +1,7 @@
-"""The CPU step's thread count (`engine.runner.cpu_threads`): a step whose process got less than its
-threads' share of the host puts the next steps on one thread, then all threads are tried again; a step
-that got its share keeps them; `cpu_threads=all` never drops them."""
+"""The CPU step's thread count (`engine.runner.cpu_threads`): a small step runs on one thread; a
+step whose process got less than its threads' share of the host puts the next steps on one thread, then
+all threads are tried again; a step that got its share keeps them; `cpu_threads=all` never drops them
+for a step that is not small."""
 
 import pytest
 import torch
@@ -56,5 +57,26 @@ def test_all_keeps_every_thread(clock, monkeypatch, setting):
     torch.set_num_threads(2)
     try:
         assert _steps(StepThreads(), clock, 5, share=0.1) == [2] * 5
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("setting", ["all", "auto"])
+def test_a_small_step_runs_on_one_thread(clock, monkeypatch, setting):
+    """Under SMALL_STEP_MACS (new tokens times the model's weights) one thread, whatever the setting and
+    the host's load; a larger step, or a step of unknown size, keeps every thread."""
+    monkeypatch.setenv("PAGEDBATCH_CPU_THREADS", setting)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        threads = StepThreads(macs_per_token=1000)
+        seen = []
+        small = cpu_threads.SMALL_STEP_MACS // 1000  # the most tokens under the mark
+        for tokens in (1, small, small + 1, 0):
+            with threads.step(tokens):
+                seen.append(torch.get_num_threads())
+                clock(0.05, 0.1)  # the host gives both cores
+        assert seen == [1, 1, 2, 2]
+        assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
