@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from pagedbatch_kernels import reference
@@ -245,10 +246,12 @@ def _plain_decodes(block_tables, seq_lens, starts, lengths, block_size: int) -> 
     rows = len(lengths)
     if rows < 2 or starts != list(range(rows + 1)) or len(set(block_tables[:, 0].tolist())) < rows:
         return None
-    widest = -(-max(lengths) // block_size)
-    if -(-min(lengths) // block_size) < widest and len(width_groups([-(-n // block_size) for n in lengths])) > 1:
+    widths = np.sort(-(-seq_lens.numpy().astype(np.int64) // block_size))
+    # width_groups' first split, vectorised: where no split saves MIN_SAVING, it keeps one group
+    padded, k = rows * widths[-1], np.arange(1, rows)
+    if (padded - k * widths[:-1] - (rows - k) * widths[-1] >= MIN_SAVING * padded).any():
         return None
-    width = max(2, widest)
+    width = max(2, int(widths[-1]))
     tables = block_tables[:, :width].to(torch.int32)
     if tables.shape[1] < width:
         tables = torch.nn.functional.pad(tables, (0, width - tables.shape[1]))

@@ -301,3 +301,14 @@ def test_a_plain_decode_step_is_planned_as_the_general_planning_plans_it(monkeyp
     for other in (widths, shared):
         tables, lengths = other["block_tables"], other["seq_lens"]
         assert cpu_attention._plain_decodes(tables, lengths, list(range(7)), lengths.tolist(), 16) is None
+
+
+def test_the_plain_plan_keeps_one_call_exactly_where_width_groups_keeps_one_group():
+    rng = torch.Generator().manual_seed(3)
+    for _ in range(200):
+        rows = int(torch.randint(2, 40, (1,), generator=rng))
+        lengths = torch.randint(1, int(torch.randint(2, 400, (1,), generator=rng)), (rows,), generator=rng)
+        tables = torch.arange(rows * 30, dtype=torch.int32).view(rows, 30)  # distinct first blocks
+        plain = cpu_attention._plain_decodes(tables, lengths.int(), list(range(rows + 1)), lengths.tolist(), 16)
+        groups = cpu_attention.width_groups([-(-n // 16) for n in lengths.tolist()])
+        assert (plain is not None) == (len(groups) == 1)
