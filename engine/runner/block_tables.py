@@ -29,6 +29,10 @@ class BlockTableRows:
             table = seq.block_table
             held, written = rows[i]
             n = len(table)
+            if held is table and n == written:  # a decode's usual step: nothing new in its row
+                if n > longest:
+                    longest = n
+                continue
             if n > array.shape[1]:
                 self._grow(len(rows), n)
                 array = self._array

@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from pagedbatch_kernels import reference
@@ -165,6 +166,9 @@ def plan_decodes(
     chunks' rows batched by chunk (`cpu_chunks`, or the native span kernel where `native_chunks`);
     `heads` are (query heads, KV heads)."""
     starts, lengths = query_start_loc.tolist(), seq_lens.tolist()
+    plain = _plain_decodes(block_tables, seq_lens, starts, lengths, block_size)
+    if plain is not None:
+        return plain
     seqs = [i for i in range(len(lengths)) if 1 <= starts[i + 1] - starts[i] <= SHORT_CHUNK]
     device = block_tables.device
     seq_tables = block_tables.index_select(0, torch.tensor(seqs, device=device)).tolist() if seqs else []
@@ -233,6 +237,26 @@ def plan_decodes(
         )
     long_chunks = [i for i in range(len(lengths)) if starts[i + 1] - starts[i] > SHORT_CHUNK]
     return DecodePlan(lengths, starts, calls, long_chunks)
+
+
+def _plain_decodes(block_tables, seq_lens, starts, lengths, block_size: int) -> DecodePlan | None:
+    """The plan that the general one comes to for the common decode step, without its per-row Python:
+    every query one token, no two tables starting with one block (nothing shared), the contexts in one
+    width group: one kernel call over the step's tables. None for any other step."""
+    rows = len(lengths)
+    if rows < 2 or starts != list(range(rows + 1)) or len(set(block_tables[:, 0].tolist())) < rows:
+        return None
+    widths = np.sort(-(-seq_lens.numpy().astype(np.int64) // block_size))
+    # width_groups' first split, vectorised: where no split saves MIN_SAVING, it keeps one group
+    padded, k = rows * widths[-1], np.arange(1, rows)
+    if (padded - k * widths[:-1] - (rows - k) * widths[-1] >= MIN_SAVING * padded).any():
+        return None
+    width = max(2, int(widths[-1]))
+    tables = block_tables[:, :width].to(torch.int32)
+    if tables.shape[1] < width:
+        tables = torch.nn.functional.pad(tables, (0, width - tables.shape[1]))
+    call = DecodeCall(tokens=None, count=rows, tables=tables, lens=seq_lens.to(torch.int32), prefixes=[])
+    return DecodePlan(lengths, starts, [call], [])
 
 
 def _call(rows, tails, tokens, prefixes, block_size, whole_step, device, row_seqs, heads, native_chunks) -> DecodeCall:

@@ -282,3 +282,33 @@ def test_the_cpu_set_names_the_native_rotary_and_no_wrapper_is_compiled_for_noth
         if isinstance(kernel, compiled.Compiled):
             bounds = kernel.eager_below if isinstance(kernel.eager_below, dict) else {None: kernel.eager_below}
             assert bounds.get(None, 0) != compiled.NATIVE_ALWAYS, f"{name} is wrapped but never compiles"
+
+
+def test_a_plain_decode_step_is_planned_as_the_general_planning_plans_it(monkeypatch):
+    """The shortcut for decode steps with nothing shared gives the general plan's one call, or stands aside."""
+    batch = make_batch([1] * 4, [40, 41, 45, 47], 6, 2, torch.float32, seed=7)
+    args = (batch["block_tables"], batch["seq_lens"], batch["query_start_loc"], 16, (6, 2))
+    fast = cpu_attention.plan_decodes(*args)
+    monkeypatch.setattr(cpu_attention, "_plain_decodes", lambda *a: None)
+    general = cpu_attention.plan_decodes(*args)
+    monkeypatch.undo()
+    assert len(fast.calls) == len(general.calls) == 1
+    a, b = fast.calls[0], general.calls[0]
+    assert a.tokens is None and b.tokens is None and a.count == b.count == 4 and not a.prefixes
+    assert torch.equal(a.tables, b.tables) and torch.equal(a.lens, b.lens)
+    widths = make_batch([1] * 6, [2, 300, 5, 290, 17, 3], 6, 2, torch.float32)  # split by width
+    shared = with_shared_prefixes(make_batch([1] * 6, [60, 48, 70, 32, 20, 31], 6, 2, torch.float32, seed=4))
+    for other in (widths, shared):
+        tables, lengths = other["block_tables"], other["seq_lens"]
+        assert cpu_attention._plain_decodes(tables, lengths, list(range(7)), lengths.tolist(), 16) is None
+
+
+def test_the_plain_plan_keeps_one_call_exactly_where_width_groups_keeps_one_group():
+    rng = torch.Generator().manual_seed(3)
+    for _ in range(200):
+        rows = int(torch.randint(2, 40, (1,), generator=rng))
+        lengths = torch.randint(1, int(torch.randint(2, 400, (1,), generator=rng)), (rows,), generator=rng)
+        tables = torch.arange(rows * 30, dtype=torch.int32).view(rows, 30)  # distinct first blocks
+        plain = cpu_attention._plain_decodes(tables, lengths.int(), list(range(rows + 1)), lengths.tolist(), 16)
+        groups = cpu_attention.width_groups([-(-n // 16) for n in lengths.tolist()])
+        assert (plain is not None) == (len(groups) == 1)
