@@ -17,6 +17,7 @@ from engine.hf.config import EngineConfig, ModelConfig
 from engine.hf.loader import load_weights
 from engine.models.factory import build_model
 from engine.models.llama import AttentionInputs
+from engine.models.moe import Experts
 from engine.multimodal.bidirectional import image_spans
 from engine.multimodal.mrope import step_positions
 from engine.multimodal.setup import make_step_embeds
@@ -322,9 +323,12 @@ class ModelRunner:
 
 def _matmul_weights(model: torch.nn.Module) -> int:
     """Multiply-adds per token through the model's linear layers (each with in/out features, packed or
-    quantized alike): the measure of a step's size that picks its threads (`engine.runner.cpu_threads`)."""
-    return sum(
+    quantized alike), and every routed expert's weights: a step of a few tokens reads most of an MoE
+    layer's experts, whose streaming gains from every thread. The measure of a step's size that picks
+    its threads (`engine.runner.cpu_threads`)."""
+    linear = sum(
         m.in_features * m.out_features
         for m in model.modules()
         if hasattr(m, "in_features") and hasattr(m, "out_features")
     )
+    return linear + sum(m.gate_up_proj.numel() + m.down_proj.numel() for m in model.modules() if isinstance(m, Experts))

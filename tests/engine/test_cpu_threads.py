@@ -80,3 +80,15 @@ def test_a_small_step_runs_on_one_thread(clock, monkeypatch, setting):
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_steps_size_counts_the_linear_layers_and_every_expert():
+    """A token's weights for the small-step rule: each linear layer's in x out, and all of an MoE
+    layer's experts (a decode step of a few tokens reads most of them), not only the k it routes to."""
+    from torch import nn
+
+    from engine.models.moe import Experts
+    from engine.runner.model_runner import _matmul_weights
+
+    model = nn.Sequential(nn.Linear(4, 8), Experts(num_experts=3, hidden=4, intermediate=5, ops=None))
+    assert _matmul_weights(model) == 4 * 8 + 3 * (2 * 5 * 4) + 3 * (4 * 5)
