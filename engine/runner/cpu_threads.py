@@ -12,8 +12,12 @@ then do not depend on the host's load (a GEMM's sums may be split differently on
 
 Either way a small step runs on one thread: one of under SMALL_STEP_MACS multiply-adds (its new tokens
 times the language model's weights; a decode step of a small model) is a few milliseconds of arithmetic
-on one core, under the cost of its hundreds of parallel regions' fork and join on two. Which steps those
-are depends on the step's size alone, never on the host's load."""
+on one core, under the cost of its hundreds of parallel regions' fork and join on two. The KV cache a
+step's attention reads counts too, KV_READ_MACS to an element: a decode step reads the pool from memory
+(it rarely stays in cache from one step to the next), at about a sixteenth of the rate at which a core
+multiplies weights it holds in cache, and a second core nearly doubles that rate (256 rows of ~100
+positions on the micro model of bench.step_overhead: 1.1 ms on one thread, 0.68 on two). Which steps
+those are depends on the step's size alone, never on the host's load."""
 
 from __future__ import annotations
 
@@ -28,20 +32,27 @@ SHARE = 0.6  # below this share of the threads' time, the host is taken to be bu
 PROBE_STEPS = 32  # steps on one thread before all threads are tried again
 MIN_WALL = 0.005  # shorter steps are not judged (too few regions to tell)
 SMALL_STEP_MACS = 2**26  # below this many multiply-adds a step runs on one thread
+KV_READ_MACS = 16  # a KV cache element read, in multiply-adds of the same time
 
 
 class StepThreads:
-    def __init__(self, macs_per_token: int = 0):
+    def __init__(self, macs_per_token: int = 0, kv_per_position: int = 0):
         self.threads = torch.get_num_threads()
         self.macs_per_token = macs_per_token  # the language model's weights (0: no step counts as small)
+        self.kv_per_position = kv_per_position  # KV cache elements of one position, every layer's
         self.single_left = 0  # steps left on one thread
 
+    def small(self, tokens: int, context: int) -> bool:
+        """Whether a step of `tokens` new tokens whose rows attend to `context` positions in all is small."""
+        macs = tokens * self.macs_per_token + context * self.kv_per_position * KV_READ_MACS
+        return tokens * self.macs_per_token > 0 and macs < SMALL_STEP_MACS
+
     @contextlib.contextmanager
-    def step(self, tokens: int = 0):
+    def step(self, tokens: int = 0, context: int = 0):
         if self.threads == 1:
             yield
             return
-        if 0 < tokens * self.macs_per_token < SMALL_STEP_MACS:
+        if self.small(tokens, context):
             with _one_thread(self.threads):
                 yield
             return

@@ -26,6 +26,9 @@ def fetch(*tensors: torch.Tensor) -> list[list]:
     return [h.tolist() for h in host]
 
 
+PAGE = 4096
+
+
 def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """`torch.zeros`, but on the CPU from `calloc` (through numpy): the kernel's zero pages are mapped when
     first touched, so a large KV pool costs nothing until its blocks are used (torch.zeros writes every
@@ -37,5 +40,6 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> t
     count = 1
     for size in shape:
         count *= size
-    raw = torch.from_numpy(np.zeros(count * dtype.itemsize, dtype=np.uint8))
-    return raw.view(dtype).view(shape)
+    raw = torch.from_numpy(np.zeros(count * dtype.itemsize + PAGE, dtype=np.uint8))
+    skip = -raw.data_ptr() % PAGE  # page-aligned: a row of a KV block never straddles two cache lines it need not
+    return raw[skip : skip + count * dtype.itemsize].view(dtype).view(shape)

@@ -78,7 +78,9 @@ class ModelRunner:
 
             self.lora = LoRASlots(model, config.max_loras, config.max_lora_rank, config.max_cpu_loras, device, dtype)
         self.model = model.eval()
-        self.step_threads = StepThreads(_matmul_weights(model)) if device.type == "cpu" else None
+        self.step_threads = (
+            StepThreads(_matmul_weights(model), self._kv_per_position()) if device.type == "cpu" else None
+        )
         self.images = make_step_embeds(model_config, config, device, dtype)  # None for a text-only model
         self.num_blocks = config.num_kv_blocks or self._auto_num_blocks()
         if config.num_kv_blocks:
@@ -169,11 +171,12 @@ class ModelRunner:
         pools = [zeros(shape, self.dtype, self.device) for _ in range(m.kv_tensors_per_layer)]
         return pools[0], pools[-1]
 
-    def _bytes_per_block(self) -> int:
+    def _kv_per_position(self) -> int:
         m = self.model_config
-        return (
-            m.kv_tensors_per_layer * m.num_layers * self.block_size * m.num_kv_heads * m.head_dim * self.dtype.itemsize
-        )
+        return m.kv_tensors_per_layer * m.num_layers * m.num_kv_heads * m.head_dim
+
+    def _bytes_per_block(self) -> int:
+        return self._kv_per_position() * self.block_size * self.dtype.itemsize
 
     def _auto_num_blocks(self) -> int:
         if self.device.type == "cuda":
@@ -299,7 +302,9 @@ class ModelRunner:
         (logits, the final hidden states of those rows) from the same forward pass."""
         if self.step_threads is None:
             return self._execute(batch, extra_rows)
-        with self.step_threads.step(sum(batch.num_new_tokens)):  # small or on a busy host: one thread
+        tokens = sum(batch.num_new_tokens)
+        context = tokens + sum(s.num_computed_tokens for s in batch.seqs)  # the positions the rows' last tokens see
+        with self.step_threads.step(tokens, context):  # small or on a busy host: one thread
             return self._execute(batch, extra_rows)
 
     def _execute(self, batch: ScheduledBatch, extra_rows: list[int] | None = None):

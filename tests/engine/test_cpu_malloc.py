@@ -43,3 +43,17 @@ def test_the_default_allocator_can_be_kept_and_then_faults_every_block_in():
     taken, again, faults = _run(PAGEDBATCH_CPU_MALLOC="default")
     assert (taken, again) == ("False", "False")
     assert faults >= CYCLES * PAGES * 0.95
+
+
+@pytest.mark.parametrize("shape", [(3, 16, 2, 64), (1, 5, 1, 7), (0, 16, 1, 64)])
+def test_a_zeroed_pool_is_page_aligned_and_zero(shape):
+    """`device.zeros` (the KV pools): zeros of the asked shape starting on a page, so no KV row straddles
+    a cache line it need not."""
+    import torch
+
+    from engine.runner.device import PAGE, zeros
+
+    pool = zeros(shape, torch.float32, torch.device("cpu"))
+    assert pool.shape == shape and pool.is_contiguous() and pool.dtype == torch.float32
+    assert pool.data_ptr() % PAGE == 0 or pool.numel() == 0
+    assert not pool.any()

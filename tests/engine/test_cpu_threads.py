@@ -92,3 +92,31 @@ def test_a_steps_size_counts_the_linear_layers_and_every_expert():
 
     model = nn.Sequential(nn.Linear(4, 8), Experts(num_experts=3, hidden=4, intermediate=5, ops=None))
     assert _matmul_weights(model) == 4 * 8 + 3 * (2 * 5 * 4) + 3 * (4 * 5)
+
+
+def test_a_steps_size_counts_the_kv_cache_its_attention_reads(clock, monkeypatch):
+    """Each position the step's rows attend to reads kv_per_position elements of the pool, counted at
+    KV_READ_MACS each: a decode step over long contexts keeps every thread however small the model."""
+    monkeypatch.setenv("PAGEDBATCH_CPU_THREADS", "all")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        threads = StepThreads(macs_per_token=1000, kv_per_position=128)
+        tokens = cpu_threads.SMALL_STEP_MACS // 1000 // 2  # half the mark in weights
+        room = (cpu_threads.SMALL_STEP_MACS - tokens * 1000) // (128 * cpu_threads.KV_READ_MACS)
+        seen = []
+        for context in (1, room - 1, room + 1):
+            with threads.step(tokens, context):
+                seen.append(torch.get_num_threads())
+        assert seen == [1, 1, 2]
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_runner_counts_every_layers_kv_per_position(tmp_path):
+    from engine import LLM
+    from engine.testing.tiny import write_tiny_model
+
+    path = write_tiny_model(tmp_path / "m", "llama", num_hidden_layers=2, num_key_value_heads=2, head_dim=16)
+    runner = LLM(str(path), device="cpu", dtype="float32", num_kv_blocks=16).llm_engine.runner
+    assert runner.step_threads.kv_per_position == 2 * 2 * 2 * 16  # K and V, layers, KV heads, head size
