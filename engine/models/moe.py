@@ -20,7 +20,6 @@ here).
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import replace
 
 import torch
@@ -29,6 +28,7 @@ from torch import nn
 
 from engine.hf.config import ModelConfig
 from engine.models.llama import MLP
+from engine.runner.cpu_threads import one_thread
 from engine.runner.ops import Ops
 from pagedbatch_kernels.cpu import cpu_moe
 from settings import EngineSettings, value
@@ -127,20 +127,11 @@ def padded_experts(
     return torch.einsum("tk,tkh->th", weights.float(), rows.float()).to(x.dtype)
 
 
-@contextlib.contextmanager
 def _one_thread_if(serial: bool):
     """One intra-op thread for the experts' small matmuls: each is too small to share, and a
     parallel region per matmul waits on every thread of the team (on a busy host, for one that is
     descheduled)."""
-    before = torch.get_num_threads()
-    if not serial or before == 1 or value(EngineSettings, "moe_threads") == "all":
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+    return one_thread(serial and value(EngineSettings, "moe_threads") != "all")
 
 
 class Experts(nn.Module):

@@ -53,7 +53,7 @@ class StepThreads:
             yield
             return
         if self.small(tokens, context):
-            with _one_thread(self.threads):
+            with one_thread():
                 yield
             return
         if value(EngineSettings, "cpu_threads") == "all":
@@ -61,7 +61,7 @@ class StepThreads:
             return
         if self.single_left > 0:
             self.single_left -= 1
-            with _one_thread(self.threads):
+            with one_thread():
                 yield
             return
         wall, cpu = time.perf_counter(), time.process_time()
@@ -72,9 +72,14 @@ class StepThreads:
 
 
 @contextlib.contextmanager
-def _one_thread(threads: int):
+def one_thread(when: bool = True):
+    """Torch's intra-op threads down to one for the block, where `when`; back to as many after."""
+    before = torch.get_num_threads()
+    if not when or before == 1:
+        yield
+        return
     torch.set_num_threads(1)
     try:
         yield
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
