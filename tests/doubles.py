@@ -31,6 +31,15 @@ class PoisonedEngine:
 
     def add_request(self, request_id, prompt, params=None):
         self._engine.add_request(request_id, prompt, params)
+        self._watch(request_id, prompt)
+
+    def add_prepared_request(
+        self, request_id, prompt, params, prepared, arrival_time=None, priority=0, lora_request=None
+    ):
+        self._engine.add_prepared_request(request_id, prompt, params, prepared, arrival_time, priority, lora_request)
+        self._watch(request_id, prompt)
+
+    def _watch(self, request_id, prompt):
         ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else None
         text = self._engine.tokenizer.decode(ids) if ids is not None else str(prompt)
         if self._marker in text:

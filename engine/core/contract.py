@@ -67,6 +67,12 @@ class StepEngine(Protocol):
         lora_request=None,
     ) -> None: ...
 
+    def prepare_request(self, prompt: Prompt, params: SamplingParams) -> Any: ...  # checked and tokenized
+
+    def add_prepared_request(
+        self, request_id, prompt, params, prepared, arrival_time=None, priority=0, lora_request=None
+    ) -> None: ...  # add_request, given what prepare_request gave
+
     def add_pooling_request(
         self, request_id: str, prompt: Prompt | list[Prompt], params=None, arrival_time: float | None = None
     ) -> None: ...

@@ -103,15 +103,8 @@ class LLMEngine:
         self._lock = threading.RLock()
         self._intake_lock = threading.Lock()
         self._seq_ids = itertools.count()
-        self.stats = {
-            "steps": 0,
-            "batched_seqs": 0,
-            "tokens": 0,
-            "preemptions": 0,
-            "prompt_tokens": 0,
-            "generation_tokens": 0,
-            "finished_reasons": {},
-        }
+        self.stats = dict(steps=0, batched_seqs=0, tokens=0, preemptions=0, prompt_tokens=0, generation_tokens=0)
+        self.stats["finished_reasons"] = {}
 
     @property
     def tokenizer(self):  # transformers' (text prompts, chat templates), loaded when first asked for
@@ -177,10 +170,15 @@ class LLMEngine:
         accepted and changes nothing, as in vLLM V1. `lora_request`: an `engine.LoRARequest` (or the prompt dict's)."""
         self.add_prepared_request(request_id, prompt, params, None, arrival_time, priority, lora_request)
 
+    def prepare_request(self, prompt: Prompt, params: SamplingParams):
+        """The request checked and tokenized (images loaded) for `add_prepared_request`; any thread."""
+        return prepare_request(self, prompt, params)
+
     def add_prepared_request(
         self, request_id, prompt, params, prepared, arrival_time=None, priority=0, lora_request=None
     ):
-        """`add_request`, given what `prepare_request(self, prompt, params)` gave (LLM.generate checks all first)."""
+        """`add_request`, given what `prepare_request(prompt, params)` gave (LLM.generate checks all first; the
+        worker's host, in the submitting thread, so that its engine loop only queues)."""
         check_priority(priority, self.config.scheduling_policy)
         params = params or SamplingParams(**self.default_sampling_values)
         lora_id = register_lora(self.runner, lora_request, prompt)

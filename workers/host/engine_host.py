@@ -26,6 +26,7 @@ from concurrent.futures import Future
 
 from engine.core.contract import StepEngine, require_step_engine
 from engine.params.pooling_params import PoolingParams
+from engine.params.sampling_params import SamplingParams
 from workers.host.fair_share import FairShare, check_weight
 from workers.host.step_rates import StepRates
 
@@ -116,15 +117,19 @@ class EngineHost:
         completion window's end, Unix seconds: earliest first)."""
         if weight is not None:
             weight = check_weight(weight)  # before any request is taken
+        prepared = [self._prepare(prompt, params) for _, prompt, params in requests]
         futures = []
         with self._lock:
-            for request_id, prompt, params in requests:
+            for (request_id, prompt, params), ready in zip(requests, prepared):
                 if request_id in self._futures:
                     raise ValueError(f"request {request_id!r} is already running")
                 future: Future = Future()
                 futures.append(future)
+                if isinstance(ready, Exception):  # bad input fails alone, before it takes a place
+                    future.set_exception(ready)
+                    continue
                 self._futures[request_id] = future
-                self._requests[request_id] = (prompt, params, priority)
+                self._requests[request_id] = (prompt, params, priority, ready)
                 self._tenant_of[request_id] = tenant
                 if self._fair.enabled:
                     self._fair.push(tenant, request_id, priority, weight, deadline)
@@ -203,20 +208,30 @@ class EngineHost:
         self._paused_any = bool(ids or split)
         return bool(ids), count
 
+    def _prepare(self, prompt, params):
+        """A generation request checked and tokenized (its images loaded) by the engine, in the submitting
+        thread rather than the engine loop's; the ValueError of bad input; None for any other request."""
+        if not isinstance(params, SamplingParams):
+            return None
+        try:
+            return self.engine.prepare_request(prompt, params)
+        except Exception as exc:
+            return exc
+
     def _add(self, request_id: str) -> None:
         """Put a known request into the engine (under the lock); a rejected one fails alone."""
-        prompt, params, priority = self._requests[request_id]
+        prompt, params, priority, prepared = self._requests[request_id]
         if self.remote_prefill is not None and self.remote_prefill.start(request_id, prompt, params, self._prefilled):
             self._in_engine.add(request_id)  # it holds a place while its KV is made elsewhere
             return
-        self._add_local(request_id, prompt, params, priority)
+        self._add_local(request_id, prompt, params, priority, prepared)
 
     def _prefilled(self, request_id: str, bundle) -> None:
         """A remote prefill ended: import its KV, or (None) prefill it here after all."""
         with self._lock:
             if request_id not in self._in_engine or request_id not in self._requests:
                 return  # aborted meanwhile
-            prompt, params, priority = self._requests[request_id]
+            prompt, params, priority, prepared = self._requests[request_id]
             try:
                 if bundle is not None:
                     self.engine.add_imported_request(request_id, bundle, params)
@@ -226,12 +241,15 @@ class EngineHost:
             finally:
                 self._wake.set()
             self._in_engine.discard(request_id)
-            self._add_local(request_id, prompt, params, priority)
+            self._add_local(request_id, prompt, params, priority, prepared)
 
-    def _add_local(self, request_id: str, prompt, params, priority: int = 0) -> None:
+    def _add_local(self, request_id: str, prompt, params, priority: int = 0, prepared=None) -> None:
         try:
             if isinstance(params, PoolingParams):  # an embedding request: one prompt or a line's list of them
                 self.engine.add_pooling_request(request_id, prompt, params)
+            elif prepared is not None:
+                rank = priority if self._engine_priority else 0
+                self.engine.add_prepared_request(request_id, prompt, params, prepared, priority=rank)
             elif priority and self._engine_priority:
                 self.engine.add_request(request_id, prompt, params, priority=priority)
             else:
