@@ -7,8 +7,10 @@ Every worker runs a `Sweeper` thread. Each sweep, idempotent and safe to run fro
    or, when their job is being cancelled or expired, marked cancelled so the finalizer writes their rows;
 3. re-sends queued shards whose broker message may be lost (Redis restarted without persistence, or the
    API died between committing a job and enqueueing it): when a model's queue holds fewer messages than
-   the model has queued shards, the shards not checked for `requeue_s` are sent again. A duplicate message
-   costs nothing: `claim_shard` skips finished shards and shards under a live lease;
+   the model has queued shards, twice CONFIRM_S apart (a message a worker has just taken is out of the
+   queue before its shard is claimed: once, that sent every queued shard of a busy job again), the shards
+   not checked for `requeue_s` are sent again. A duplicate message costs little: `claim_shard` skips
+   finished shards and shards under a live lease;
 4. finalizes jobs whose shards are all finished but whose finalizer never ran, died, or gave its claim back
    after a failure (once its backoff, `Job.retry_at`, is over);
 5. resumes the validation of jobs whose validator died with its API process (or gave its claim back);
@@ -22,8 +24,9 @@ import logging
 import random
 import socket
 import threading
+import time
 import uuid
-from collections import defaultdict
+from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -53,6 +56,7 @@ from store.settings import Settings
 
 log = logging.getLogger(__name__)
 WORKER_ID = socket.gethostname()
+CONFIRM_S = 1.0  # a model's queue found short is counted again this much later before anything is re-sent
 
 
 @dataclass
@@ -124,35 +128,40 @@ def _take_back_expired_leases(settings: Settings, recovery: Recovery) -> int:
 
 
 def _resend_lost_messages(settings: Settings, recovery: Recovery) -> int:
+    queued, short = _short_queues(settings)
+    if short:  # a message a worker has just taken leaves the queue before its shard is claimed: look again
+        time.sleep(CONFIRM_S)
+        queued, again = _short_queues(settings)
+        short &= again
     now = utcnow()
-    with session_scope(settings.database_url) as s:
-        queued = s.execute(
-            select(Shard.id, Shard.model, Shard.lease_until).where(
-                Shard.status == SHARD_QUEUED, Shard.retry_at.is_(None)
-            )
-        ).all()
-    by_model: dict[str, list[str]] = defaultdict(list)
-    total: dict[str, int] = defaultdict(int)
-    for shard_id, model, checked_until in queued:
-        total[model] += 1
-        if checked_until is None or checked_until <= now:
-            by_model[model].append(shard_id)
-    resend: list[tuple[str, str]] = []
-    for model, shard_ids in by_model.items():
-        if queue_size(settings, model) < total[model]:  # some messages are gone
-            resend.extend((shard_id, model) for shard_id in shard_ids)
-    due = [shard_id for shard_ids in by_model.values() for shard_id in shard_ids]
+    due = [
+        (shard_id, model) for shard_id, model, checked_until in queued if checked_until is None or checked_until <= now
+    ]
+    resend = [(shard_id, model) for shard_id, model in due if model in short]
     if due:
         with session_scope(settings.database_url) as s:
             s.execute(
                 update(Shard)
-                .where(Shard.id.in_(due), Shard.status == SHARD_QUEUED)
+                .where(Shard.id.in_([shard_id for shard_id, _ in due]), Shard.status == SHARD_QUEUED)
                 .values(lease_until=now + timedelta(seconds=recovery.requeue_s))
             )
     if resend:
         log.warning("re-sending %d queued shards whose broker messages are missing", len(resend))
         enqueue_shards(settings, resend)
     return len(resend)
+
+
+def _short_queues(settings: Settings) -> tuple[list, set[str]]:
+    """The queued shards (id, model, last checked) and the models whose queue holds fewer messages than
+    they have queued shards."""
+    with session_scope(settings.database_url) as s:
+        queued = s.execute(
+            select(Shard.id, Shard.model, Shard.lease_until).where(
+                Shard.status == SHARD_QUEUED, Shard.retry_at.is_(None)
+            )
+        ).all()
+    total = Counter(model for _, model, _ in queued)
+    return queued, {model for model, count in total.items() if queue_size(settings, model) < count}
 
 
 def _finalize_finished_jobs(settings: Settings) -> int:
