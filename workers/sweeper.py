@@ -128,15 +128,13 @@ def _take_back_expired_leases(settings: Settings, recovery: Recovery) -> int:
 
 
 def _resend_lost_messages(settings: Settings, recovery: Recovery) -> int:
-    queued, short = _short_queues(settings)
+    now = utcnow()
+    queued = _queued_shards(settings)
+    due = [(shard_id, model) for shard_id, model, checked in queued if checked is None or checked <= now]
+    short = _short_queues(settings, queued, {model for _, model in due})
     if short:  # a message a worker has just taken leaves the queue before its shard is claimed: look again
         time.sleep(CONFIRM_S)
-        queued, again = _short_queues(settings)
-        short &= again
-    now = utcnow()
-    due = [
-        (shard_id, model) for shard_id, model, checked_until in queued if checked_until is None or checked_until <= now
-    ]
+        short = _short_queues(settings, _queued_shards(settings), short)
     resend = [(shard_id, model) for shard_id, model in due if model in short]
     if due:
         with session_scope(settings.database_url) as s:
@@ -151,17 +149,20 @@ def _resend_lost_messages(settings: Settings, recovery: Recovery) -> int:
     return len(resend)
 
 
-def _short_queues(settings: Settings) -> tuple[list, set[str]]:
-    """The queued shards (id, model, last checked) and the models whose queue holds fewer messages than
-    they have queued shards."""
+def _queued_shards(settings: Settings) -> list:
+    """The queued shards not waiting out a storage backoff: (id, model, last checked)."""
     with session_scope(settings.database_url) as s:
-        queued = s.execute(
+        return s.execute(
             select(Shard.id, Shard.model, Shard.lease_until).where(
                 Shard.status == SHARD_QUEUED, Shard.retry_at.is_(None)
             )
         ).all()
+
+
+def _short_queues(settings: Settings, queued: list, models: set[str]) -> set[str]:
+    """Those of `models` whose queue holds fewer messages than they have `queued` shards."""
     total = Counter(model for _, model, _ in queued)
-    return queued, {model for model, count in total.items() if queue_size(settings, model) < count}
+    return {model for model in models if queue_size(settings, model) < total[model]}
 
 
 def _finalize_finished_jobs(settings: Settings) -> int:

@@ -42,10 +42,14 @@ class StepThreads:
         self.kv_per_position = kv_per_position  # KV cache elements of one position, every layer's
         self.single_left = 0  # steps left on one thread
 
+    def may_be_small(self, tokens: int) -> bool:
+        """Whether a step of `tokens` new tokens is small by its weights alone (its context may still not be)."""
+        return 0 < tokens * self.macs_per_token < SMALL_STEP_MACS
+
     def small(self, tokens: int, context: int) -> bool:
         """Whether a step of `tokens` new tokens whose rows attend to `context` positions in all is small."""
         macs = tokens * self.macs_per_token + context * self.kv_per_position * KV_READ_MACS
-        return tokens * self.macs_per_token > 0 and macs < SMALL_STEP_MACS
+        return self.may_be_small(tokens) and macs < SMALL_STEP_MACS
 
     @contextlib.contextmanager
     def step(self, tokens: int = 0, context: int = 0):

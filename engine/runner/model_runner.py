@@ -303,7 +303,9 @@ class ModelRunner:
         if self.step_threads is None:
             return self._execute(batch, extra_rows)
         tokens = sum(batch.num_new_tokens)
-        context = tokens + sum(s.num_computed_tokens for s in batch.seqs)  # the positions the rows' last tokens see
+        context = 0  # the positions the rows' last tokens see, counted only where the step may be small
+        if self.step_threads.may_be_small(tokens):
+            context = tokens + sum(s.num_computed_tokens for s in batch.seqs)
         with self.step_threads.step(tokens, context):  # small or on a busy host: one thread
             return self._execute(batch, extra_rows)
 

@@ -28,8 +28,17 @@ def sweep(monkeypatch):
     monkeypatch.setattr(sweeper.time, "sleep", sleeps.append)
 
     def run(looks):
-        looks = iter(looks)
-        monkeypatch.setattr(sweeper, "_short_queues", lambda _settings: next(looks))
+        """`looks`: per look at the queues, (the queued shards, the models whose queue is short)."""
+        looks, short = iter(looks), set()
+
+        def queued(_settings):
+            shards, now_short = next(looks)
+            short.clear()
+            short.update(now_short)
+            return shards
+
+        monkeypatch.setattr(sweeper, "_queued_shards", queued)
+        monkeypatch.setattr(sweeper, "queue_size", lambda _settings, model: 0 if model in short else 10**6)
         count = sweeper._resend_lost_messages(SimpleNamespace(database_url="x"), sweeper.Recovery(requeue_s=60))
         assert count == len(sent)
         return sent, stamped, sleeps
