@@ -24,17 +24,23 @@ PREFAULT_SHARE = 1  # heap mapped beyond the budget step's peak, in shares of th
 def _batch(block_size: int, max_len: int) -> list[tuple[int, int, list[int]]]:
     """(context length with the new tokens, new tokens, block table) per sequence: two decodes
     sharing their first two blocks, a decode alone, a short chunk after a cached prefix (its rows
-    share one block), a long prompt."""
-    shared = [1, 2]
-    long_len = min(LONG_PROMPT, max_len)
-    seqs = [
-        (min(3 * block_size - 8, max_len), 1, shared + [3]),
-        (min(3 * block_size - 12, max_len), 1, shared + [4]),
-        (min(5, max_len), 1, [5]),
-        (min(block_size + 4, max_len), 3, [6, 7]),
+    share one block), a long prompt. Every table holds the blocks its context needs, whatever the
+    block size (block 0 stays unused)."""
+    after_shared = max(2 * block_size + 1, 3 * block_size - 8)  # reads a third block of its own
+    lengths = [
+        (min(after_shared, max_len), 1),
+        (min(max(2 * block_size + 1, 3 * block_size - 12), max_len), 1),
+        (min(5, max_len), 1),
+        (min(block_size + 4, max_len), 3),
+        (min(LONG_PROMPT, max_len), min(LONG_PROMPT, max_len)),
     ]
-    seqs.append((long_len, long_len, list(range(8, 8 + -(-long_len // block_size)))))
-    return [(n, min(q, n), table) for n, q, table in seqs]
+    shared, next_block, seqs = [1, 2], 3, []
+    for i, (length, q_len) in enumerate(lengths):
+        own = shared if i < 2 else []
+        needed = max(0, -(-length // block_size) - len(own))
+        seqs.append((length, min(q_len, length), own + list(range(next_block, next_block + needed))))
+        next_block += needed
+    return seqs
 
 
 def _inputs(

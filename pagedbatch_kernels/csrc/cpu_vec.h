@@ -150,7 +150,7 @@ static inline void each_position(const T* cache, const Row& row, Visit visit) {
 
 
 // The head sizes the kernels are built for: X(head size) for each.
-#define PB_HEAD_SIZES(X) X(32) X(48) X(64) X(80) X(96) X(112) X(128) X(160) X(192) X(256)
+#define PB_HEAD_SIZES(X) X(16) X(32) X(48) X(64) X(80) X(96) X(112) X(128) X(160) X(192) X(256)
 
 static inline bool head_dim_supported(int head_dim) {
     switch (head_dim) {

@@ -17,6 +17,7 @@ SHAPES = [  # heads, KV heads, head size, block size
     (4, 4, 32, 8),
     (8, 4, 256, 16),
     (6, 2, 80, 32),
+    (4, 2, 16, 16),
 ]
 # (context length, new tokens) per sequence: decodes, a whole prompt, chunks after a cached prefix
 STEPS = [
