@@ -124,9 +124,11 @@ class SamplingParams:
         return bool(self.logit_bias or self.allowed_token_ids is not None or self.bad_words)
 
 
-def _check(ok: bool, message: str) -> None:
+def _check(ok: bool, message) -> None:
+    """Raise ValueError(message) unless `ok`. A message that formats values is a callable: valid
+    requests (every request passes here several times) format none."""
     if not ok:
-        raise ValueError(message)
+        raise ValueError(message() if callable(message) else message)
 
 
 def _is_int(value) -> bool:
@@ -134,7 +136,7 @@ def _is_int(value) -> bool:
 
 
 def _int_keys(bias) -> dict[int, float]:
-    _check(isinstance(bias, dict), f"logit_bias must be a dict of token id to bias, got {type(bias).__name__}")
+    _check(isinstance(bias, dict), lambda: f"logit_bias must be a dict of token id to bias, got {type(bias).__name__}")
     out = {}
     for token, value in bias.items():
         try:
@@ -150,53 +152,52 @@ def _int_keys(bias) -> dict[int, float]:
 
 
 def _check_counts(p: SamplingParams) -> None:
-    _check(_is_int(p.n) and p.n >= 1, f"n must be a positive integer, got {p.n!r}")
+    _check(_is_int(p.n) and p.n >= 1, lambda: f"n must be a positive integer, got {p.n!r}")
     _check(
         p.best_of is None or p.best_of == p.n,
-        f"best_of={p.best_of!r} is not supported (vLLM V1 removed it): use n, or leave best_of unset",
+        lambda: f"best_of={p.best_of!r} is not supported (vLLM V1 removed it): use n, or leave best_of unset",
     )
-    _check(not (p.greedy and p.n > 1), f"n must be 1 when using greedy sampling (temperature=0), got {p.n}")
+    _check(not (p.greedy and p.n > 1), lambda: f"n must be 1 when using greedy sampling (temperature=0), got {p.n}")
     _check(
         p.max_tokens is None or (_is_int(p.max_tokens) and p.max_tokens >= 1),
-        f"max_tokens must be a positive integer, got {p.max_tokens!r}",
+        lambda: f"max_tokens must be a positive integer, got {p.max_tokens!r}",
     )
     _check(
         _is_int(p.min_tokens) and p.min_tokens >= 0,
-        f"min_tokens must be greater than or equal to 0, got {p.min_tokens!r}.",
+        lambda: f"min_tokens must be greater than or equal to 0, got {p.min_tokens!r}.",
     )
     _check(
         p.max_tokens is None or p.min_tokens <= p.max_tokens,  # vLLM's words
-        f"min_tokens must be less than or equal to max_tokens={p.max_tokens}, got {p.min_tokens}.",
+        lambda: f"min_tokens must be less than or equal to max_tokens={p.max_tokens}, got {p.min_tokens}.",
     )
     for name in ("logprobs", "prompt_logprobs"):
         value = getattr(p, name)
-        _check(
-            value is None or (_is_int(value) and value >= -1), f"{name} must be an integer >= 0 or -1, got {value!r}"
-        )
+        if not (value is None or (_is_int(value) and value >= -1)):
+            raise ValueError(f"{name} must be an integer >= 0 or -1, got {value!r}")
     _check(
         p.truncate_prompt_tokens is None
         or (_is_int(p.truncate_prompt_tokens) and (p.truncate_prompt_tokens >= 1 or p.truncate_prompt_tokens == -1)),
-        f"truncate_prompt_tokens must be >= 1 or -1, got {p.truncate_prompt_tokens!r}",
+        lambda: f"truncate_prompt_tokens must be >= 1 or -1, got {p.truncate_prompt_tokens!r}",
     )
     _check(
         p.seed is None or (_is_int(p.seed) and -(2**63) <= p.seed < 2**63),
-        f"seed must be a 64-bit integer, got {p.seed!r}",
+        lambda: f"seed must be a 64-bit integer, got {p.seed!r}",
     )
 
 
 def _check_numbers(p: SamplingParams) -> None:
     _check(
         isinstance(p.temperature, int | float) and 0 <= p.temperature <= 2,
-        f"temperature must be in [0, 2], got {p.temperature!r}",
+        lambda: f"temperature must be in [0, 2], got {p.temperature!r}",
     )
-    _check(0 < p.top_p <= 1, f"top_p must be in (0, 1], got {p.top_p}")
-    _check(_is_int(p.top_k) and p.top_k >= 0, f"top_k must be 0 (disable), -1 or at least 1, got {p.top_k!r}")
-    _check(0 <= p.min_p <= 1, f"min_p must be in [0, 1], got {p.min_p}")
-    _check(-2 <= p.presence_penalty <= 2, f"presence_penalty must be in [-2, 2], got {p.presence_penalty}")
-    _check(-2 <= p.frequency_penalty <= 2, f"frequency_penalty must be in [-2, 2], got {p.frequency_penalty}")
+    _check(0 < p.top_p <= 1, lambda: f"top_p must be in (0, 1], got {p.top_p}")
+    _check(_is_int(p.top_k) and p.top_k >= 0, lambda: f"top_k must be 0 (disable), -1 or at least 1, got {p.top_k!r}")
+    _check(0 <= p.min_p <= 1, lambda: f"min_p must be in [0, 1], got {p.min_p}")
+    _check(-2 <= p.presence_penalty <= 2, lambda: f"presence_penalty must be in [-2, 2], got {p.presence_penalty}")
+    _check(-2 <= p.frequency_penalty <= 2, lambda: f"frequency_penalty must be in [-2, 2], got {p.frequency_penalty}")
     _check(
         math.isfinite(p.repetition_penalty) and p.repetition_penalty > 0,
-        f"repetition_penalty must be a finite number > 0, got {p.repetition_penalty}",
+        lambda: f"repetition_penalty must be a finite number > 0, got {p.repetition_penalty}",
     )
 
 
@@ -206,7 +207,7 @@ def _check_lists(p: SamplingParams) -> None:
     _check(not (stops and not p.detokenize), "stop strings need detokenize=True")
     _check(
         all(_is_int(t) and t >= 0 for t in p.stop_token_ids or []),
-        f"stop_token_ids must be non-negative integers, got {p.stop_token_ids!r}",
+        lambda: f"stop_token_ids must be non-negative integers, got {p.stop_token_ids!r}",
     )
     _check(all(isinstance(w, str) and w for w in p.bad_words or []), "bad_words cannot contain an empty string")
     if p.allowed_token_ids is not None:
@@ -222,10 +223,11 @@ def _check_lists(p: SamplingParams) -> None:
         "sampler (vLLM V1 dropped them too); use logit_bias, allowed_token_ids or bad_words",
     )
     _check(
-        isinstance(p.output_kind, RequestOutputKind), f"output_kind must be a RequestOutputKind, got {p.output_kind!r}"
+        isinstance(p.output_kind, RequestOutputKind),
+        lambda: f"output_kind must be a RequestOutputKind, got {p.output_kind!r}",
     )
     _check(p.extra_args is None or isinstance(p.extra_args, dict), "extra_args must be a dict")
     _check(
         p.structured_outputs is None or isinstance(p.structured_outputs, StructuredOutputsParams),
-        f"structured_outputs must be a StructuredOutputsParams, got {type(p.structured_outputs).__name__}",
+        lambda: f"structured_outputs must be a StructuredOutputsParams, got {type(p.structured_outputs).__name__}",
     )
