@@ -33,20 +33,23 @@ def step_positions(seqs, num_new_tokens, device) -> torch.Tensor | None:
     """Positions of a step's new tokens, or None when no sequence in it has M-RoPE positions: [3, T]
     where a row lies inside an image prompt's layout, else [T] (every decode step: rows past a prompt sit
     at index + delta on all three axes, plain RoPE at that position, so no per-token rotary rows).
-    Rows past a prompt are plain integers: no tensor work per sequence."""
+    A step whose every row is past its prompt is computed over the batch at once, not sequence by sequence."""
     layouts = [seq.mm.extra.get("mrope") if seq.mm is not None else None for seq in seqs]
     if not any(layouts):
         return None
+    starts = [seq.num_computed_tokens for seq in seqs]
+    if all(layout is None or start >= layout[0].shape[1] for start, layout in zip(starts, layouts)):
+        deltas = torch.tensor([0 if layout is None else layout[1] for layout in layouts], dtype=torch.long)
+        starts = torch.tensor(starts, dtype=torch.long) + deltas
+        if min(num_new_tokens) == max(num_new_tokens) == 1:  # a decode step
+            return starts.to(device)
+        counts = torch.tensor(num_new_tokens, dtype=torch.long)
+        firsts = torch.repeat_interleave(starts - (torch.cumsum(counts, 0) - counts), counts)
+        return (firsts + torch.arange(int(counts.sum()))).to(device)
     inside = [
-        0 if layout is None else max(0, min(seq.num_computed_tokens + n, layout[0].shape[1]) - seq.num_computed_tokens)
-        for seq, n, layout in zip(seqs, num_new_tokens, layouts)
+        0 if layout is None else max(0, min(start + n, layout[0].shape[1]) - start)
+        for start, n, layout in zip(starts, num_new_tokens, layouts)
     ]
-    if not any(inside):
-        flat = []
-        for seq, n, layout in zip(seqs, num_new_tokens, layouts):
-            start = seq.num_computed_tokens + (layout[1] if layout is not None else 0)
-            flat.extend(range(start, start + n))
-        return torch.tensor(flat, dtype=torch.long).to(device)
     axes: tuple[list, list, list] = ([], [], [])
     for seq, n, layout, count in zip(seqs, num_new_tokens, layouts, inside):
         start = seq.num_computed_tokens

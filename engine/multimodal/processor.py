@@ -28,7 +28,11 @@ class MultiModalPrompt:
     images: list[ImageItem]
     salt: bytes = b""  # the images' hashes together: the prefix cache's root, so other images share no KV
     whole_images: bool = False  # a prefill chunk may not end inside an image (Gemma 3's bidirectional images)
+    end: int = field(init=False)  # the position after the last image's placeholders: no image rows past it
     extra: dict = field(default_factory=dict)  # family data (Qwen2.5-VL's M-RoPE positions)
+
+    def __post_init__(self):  # the images are located (their offsets set) before the prompt is made
+        self.end = max((item.offset + item.length for item in self.images), default=0)
 
     def overlapping(self, start: int, end: int):
         """(image, first index inside the image, first prompt position, count) for the images whose

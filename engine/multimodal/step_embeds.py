@@ -27,7 +27,7 @@ class StepEmbeds:
         spans, offset = [], 0
         for seq, n in zip(seqs, num_new_tokens):
             mm = seq.mm
-            if mm is not None:
+            if mm is not None and seq.num_computed_tokens < mm.end:  # decodes are past every image
                 start = seq.num_computed_tokens
                 for item, first, pos, count in mm.overlapping(start, start + n):
                     spans.append((offset + pos - start, item, first, count))

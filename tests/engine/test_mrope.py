@@ -53,6 +53,9 @@ def test_step_rows_continue_at_the_delta():
     assert step_positions([text_only], [2], "cpu") is None
     seq.num_computed_tokens = len(ids) + 3  # decoding: every row past its prompt, one position for all axes
     assert step_positions([seq, text_only], [1, 1], "cpu").tolist() == [len(ids) + 3 + delta, 4]
+    # a recompute after preemption: chunks of several tokens, all past their prompts, in one batch
+    rows = step_positions([text_only, seq, text_only], [2, 3, 1], "cpu").tolist()
+    assert rows == [4, 5, *range(len(ids) + 3 + delta, len(ids) + 6 + delta), 4]
 
 
 def test_cos_sin_rows_follow_the_sections():
