@@ -5,17 +5,16 @@ The API never imports `workers`; it sends `RUN_SHARD` by name to the model's que
 
 from __future__ import annotations
 
-import logging
 import threading
 
 from celery import Celery
 from kombu import Connection
 from kombu.exceptions import ChannelError
+from kombu.transport import resolve_transport
 
 from settings import PlatformSettings, current
 from store.settings import Settings
 
-log = logging.getLogger(__name__)
 RUN_SHARD = "pagedbatch.run_shard"
 # How long Redis keeps a delivered, unacknowledged message before handing it to another worker. Shards are
 # protected by their leases (workers.sweeper), so a short value only costs redeliveries that are skipped.
@@ -27,14 +26,10 @@ _apps: dict[tuple[str, str], Celery] = {}
 
 def preload_transport(settings: Settings) -> None:
     """Import the broker URL's kombu transport (for Redis, redis-py) now: kombu imports it at the first
-    connection. Any URL kombu takes (redis+socket:// included); one it refuses is left to fail where the
-    broker is used, with that path's own error."""
-    if not settings.broker_url:
-        return
-    try:
-        Connection(settings.broker_url).transport  # noqa: B018 - instantiating it imports its module
-    except Exception:  # noqa: BLE001
-        log.debug("the broker transport of %s is not preloaded", settings.broker_url, exc_info=True)
+    connection."""
+    scheme = settings.broker_url.partition("://")[0]
+    if scheme:
+        resolve_transport(scheme)
 
 
 def celery_config(settings: Settings) -> dict:
