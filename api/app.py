@@ -11,19 +11,15 @@ from api.routes import jobs, meta, openai_batch, openai_uploads, webhooks
 from api.routes.uploads import FRAMING_ROOM, UploadRequest
 from api.ui import dashboard
 from batchfile.model_limits import limits_by_name
-from broker.queue import preload_transport
 from store.settings import Settings
 
 
 def create_app(settings: Settings | None = None, *, warm: bool = True) -> Flask:
     """The WSGI app. `warm` loads the configured models' tokenizers now (before gunicorn forks its
-    workers) and the broker's transport (redis-py: ~0.1 s of imports) rather than on the first upload
-    each worker serves."""
+    workers) rather than on the first upload."""
     settings = settings or Settings.from_env()
     if warm and settings.models:
         limits_by_name(settings.models, settings.special_tokens_in_content)
-    if warm:
-        preload_transport(settings)
     app = Flask("pagedbatch")
     app.request_class = UploadRequest  # multipart uploads are cut off at the limits while they stream
     app.config["MAX_CONTENT_LENGTH"] = settings.max_upload_bytes + FRAMING_ROOM

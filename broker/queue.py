@@ -10,7 +10,6 @@ import threading
 from celery import Celery
 from kombu import Connection
 from kombu.exceptions import ChannelError
-from kombu.transport import resolve_transport
 
 from settings import PlatformSettings, current
 from store.settings import Settings
@@ -22,14 +21,6 @@ VISIBILITY_TIMEOUT_S = 6 * 3600
 
 _lock = threading.Lock()
 _apps: dict[tuple[str, str], Celery] = {}
-
-
-def preload_transport(settings: Settings) -> None:
-    """Import the broker URL's kombu transport (for Redis, redis-py) now: kombu imports it at the first
-    connection."""
-    scheme = settings.broker_url.partition("://")[0]
-    if scheme:
-        resolve_transport(scheme)
 
 
 def celery_config(settings: Settings) -> dict:
