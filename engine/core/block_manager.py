@@ -216,7 +216,8 @@ class BlockManager:
         may already share them)."""
         if not self.enable_prefix_caching:
             return
-        num_full = (seq.num_computed_tokens if num_tokens is None else num_tokens) // self.block_size
+        num_tokens = seq.num_computed_tokens if num_tokens is None else num_tokens
+        num_full = min(num_tokens, len(seq.token_ids) - seq.num_pending) // self.block_size  # placeholders: later
         for i in range(seq.num_registered_blocks, num_full):
             block = seq.block_table[i]
             if self.block_hashes[block] is not None:

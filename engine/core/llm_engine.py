@@ -12,6 +12,7 @@ from contextlib import AbstractContextManager
 
 import torch
 
+from engine.core import async_steps
 from engine.core import step_phases as phases
 from engine.core.block_manager import BlockManager, model_window
 from engine.core.contract import EngineLoad
@@ -105,6 +106,8 @@ class LLMEngine:
         self._seq_ids = itertools.count()
         self.stats = dict(steps=0, batched_seqs=0, tokens=0, preemptions=0, prompt_tokens=0, generation_tokens=0)
         self.stats["finished_reasons"] = {}
+        self.async_scheduling = async_steps.wanted(cfg.async_scheduling, self.device, self.runner)
+        self.in_flight: async_steps.InFlight | None = None  # a launched step whose tokens are not read yet
 
     @property
     def tokenizer(self):  # transformers' (text prompts, chat templates), loaded when first asked for
@@ -254,21 +257,21 @@ class LLMEngine:
     # ---- stepping ------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduling step (engine.core.step_phases); returns the requests that finished in it."""
+        """Run one scheduling step (engine.core.step_phases); returns the requests that finished in it.
+        Under async scheduling (engine.core.async_steps) a step's tokens are taken in the next call."""
         with self._lock:
             scheduled = phases.schedule(self)
             if scheduled.batch is None:
-                self._wait_for_grammars()
-                return scheduled.finished
+                if self.in_flight is None:
+                    self._wait_for_grammars()
+                return scheduled.finished + async_steps.drain(self)
             inputs = phases.build_inputs(scheduled)
-            outputs = phases.run_model(self, inputs)
-            sampled = phases.sample(self, inputs, outputs)
-            result = phases.update(self, inputs, sampled)
+            finished = async_steps.run(self, inputs)
             self.stats["steps"] += 1
-            self.stats["batched_seqs"] += result.num_seqs
-            self.stats["tokens"] += result.num_tokens
+            self.stats["batched_seqs"] += len(inputs.batch.seqs)
+            self.stats["tokens"] += inputs.batch.num_tokens
             self.stats["preemptions"] = self.scheduler.num_preemptions
-            return scheduled.finished + result.finished
+            return scheduled.finished + finished
 
     def admit_incoming(self) -> list[RequestOutput]:
         """Hand the added requests to the scheduler; a request whose grammar is still compiling

@@ -93,6 +93,9 @@ class Scheduler:
                 i += 1
                 continue
             end = seq.num_computed_tokens + min(len(seq.token_ids) - seq.num_computed_tokens, budget)
+            if end == seq.num_computed_tokens:  # its last token is being sampled (engine.core.async_steps)
+                i += 1
+                continue
             if seq.mm is not None:
                 end = seq.num_computed_tokens + chunk_size(seq, seq.num_computed_tokens, end - seq.num_computed_tokens)
                 if end == seq.num_computed_tokens:  # its next image needs more of the budget than is left

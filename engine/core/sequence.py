@@ -41,6 +41,10 @@ class Sequence:
         self.block_table: list[int] = []
         self.num_dropped_blocks = 0  # leading blocks released behind a sliding window (ids kept, unread)
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        # Async scheduling (engine.core.async_steps): placeholders ending `token_ids` for tokens sampled on the
+        # device but not yet read, and this sequence's row among the in-flight step's sampled tokens.
+        self.num_pending = 0
+        self.pending_row = 0
         self.num_cached_tokens = 0  # of those, how many came from the prefix cache
         self.block_hashes: list[bytes] = []  # chained hashes of its full blocks (memo)
         self.num_registered_blocks = 0  # leading blocks already offered to the prefix cache

@@ -20,14 +20,16 @@ from itertools import repeat
 import torch
 
 from engine.core.scheduler import ScheduledBatch
-from engine.core.sequence import Sequence
+from engine.core.sequence import Sequence, SequenceStatus
 from engine.kv_transfer.export import wants_export
 from engine.params.outputs import CompletionOutput, Logprob, RequestOutput
 from engine.pooling.requests import forward_with_pooling, has_pooling, pooled_sequences
 from engine.sampling.prompt_logprobs import plan as plan_prompt_logprobs
 from engine.sampling.prompt_logprobs import record as record_prompt_logprobs
 from engine.sampling.sampler import SampleLogprobs
-from engine.sampling.structured_outputs import advance
+from engine.sampling.structured_outputs import advance as advance_grammar
+
+_FINISHED = SequenceStatus.FINISHED
 
 
 @dataclass
@@ -82,10 +84,13 @@ def build_inputs(scheduled: ScheduleResult) -> ModelInputs:
     return ModelInputs(batch, spans, rows, samplers, pooling)
 
 
-def run_model(engine, inputs: ModelInputs) -> ModelOutputs:
+def run_model(engine, inputs: ModelInputs, feed=None) -> ModelOutputs:
+    """`feed`: the inputs to take from the step in flight (engine.core.async_steps)."""
     runner, batch, rows = engine.runner, inputs.batch, inputs.hidden_rows
     if inputs.pooling:
         logits, hidden = forward_with_pooling(runner, batch, rows)
+    elif feed is not None:
+        logits, hidden = runner.execute(batch, rows, feed) if rows else (runner.execute(batch, None, feed), None)
     else:
         logits, hidden = runner.execute(batch, rows) if rows else (runner.execute(batch), None)
     return ModelOutputs(logits, hidden)
@@ -111,22 +116,38 @@ def update(engine, inputs: ModelInputs, sampled: SampledTokens) -> StepResult:
     """Advance every scheduled sequence; append the sampled tokens, check stops, hand back finished
     requests (and the KV of prefill-only ones)."""
     batch, finished = inputs.batch, []
-    blocks = engine.block_manager
-    for seq, n in zip(batch.seqs, batch.num_new_tokens):
-        seq.num_computed_tokens += n
-        if seq.num_computed_tokens // blocks.block_size > seq.num_registered_blocks:  # a block filled up
-            blocks.register_full_blocks(seq)
+    advance(engine, batch)
     if inputs.pooling:
         for seq in pooled_sequences(batch):  # pooled: done, blocks back to the pool now
             engine.finish_seq(seq, "stop", None)
             _collect(engine.request_done(seq), finished)
-    logprobs, check = sampled.logprobs, engine.stopping.check
-    for seq, token, sample_i in zip(inputs.samplers, sampled.tokens, logprobs or repeat(None)):
+    take_tokens(engine, inputs.samplers, sampled.tokens, sampled.logprobs, finished)
+    return StepResult(finished, len(batch.seqs), batch.num_tokens)
+
+
+def advance(engine, batch: ScheduledBatch) -> None:
+    """Count the step's tokens as computed; offer the blocks they filled to the prefix cache. A sequence
+    that finished since it was scheduled (its tokens read a step late: engine.core.async_steps) is left."""
+    blocks = engine.block_manager
+    for seq, n in zip(batch.seqs, batch.num_new_tokens):
+        if seq.status is _FINISHED:
+            continue
+        seq.num_computed_tokens += n
+        if seq.num_computed_tokens // blocks.block_size > seq.num_registered_blocks:  # a block filled up
+            blocks.register_full_blocks(seq)
+
+
+def take_tokens(engine, samplers, tokens, logprobs, finished: list) -> None:
+    """Append each sampler's token (and logprobs), check its stops; collect the requests that end."""
+    check = engine.stopping.check
+    for seq, token, sample_i in zip(samplers, tokens, logprobs or repeat(None)):
+        if seq.status is _FINISHED:
+            continue
         if seq.on_logprobs is not None:  # a beam: the search picks its next tokens
             seq.on_logprobs(seq, engine.logprob_entry(seq, sample_i))
             continue
         seq.append_token(token)
-        grammar_done = seq.grammar is not None and advance(seq, token)
+        grammar_done = seq.grammar is not None and advance_grammar(seq, token)
         if sample_i is not None and seq.logprobs is not None:
             seq.logprobs.append(engine.logprob_entry(seq, sample_i))
             seq.cumulative_logprob += sample_i.logprob
@@ -142,7 +163,6 @@ def update(engine, inputs: ModelInputs, sampled: SampledTokens) -> StepResult:
                 finished.append(engine.kv.export(seq))
             continue
         _collect(engine.request_done(seq), finished)
-    return StepResult(finished, len(batch.seqs), batch.num_tokens)
 
 
 def _collect(output, finished: list) -> None:

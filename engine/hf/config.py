@@ -223,6 +223,9 @@ class EngineConfig:
     max_lora_rank: int | None = None  # None: 16 (vLLM's default)
     max_cpu_loras: int | None = None  # None: max_loras
     tensor_parallel_size: int = 1  # ranks (processes, one GPU each) the model is split across (engine/parallel)
+    # vLLM's async scheduling (engine/core/async_steps.py): the next step is scheduled while the device runs
+    # this one. None: on where the device runs apart from the host (CUDA); the CPU computes inside the step.
+    async_scheduling: bool | None = None
 
     def __post_init__(self):
         if self.seed is None:  # vLLM: no seed, no reproducibility

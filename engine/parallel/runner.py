@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 
 class TensorParallelRunner(ModelRunner):
+    feeds_sampled_tokens = False  # the other ranks build their inputs from rank 0's broadcast plan: synchronous
+
     def __init__(
         self,
         config: EngineConfig,

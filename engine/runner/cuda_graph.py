@@ -95,11 +95,13 @@ class DecodeGraphRunner:
         """Decode-only (one new token per sequence) and no larger than the largest size."""
         return len(num_new_tokens) <= self.max_batch and all(n == 1 for n in num_new_tokens)
 
-    def run(self, seqs) -> torch.Tensor:
+    def run(self, seqs, feed=None) -> torch.Tensor:
         """Hidden states [len(seqs), hidden] of a decode step, a view of a static buffer
-        that the next step overwrites."""
+        that the next step overwrites. `feed`: input ids taken from the step in flight."""
         size = self.padded_size(len(seqs))
         self._load(seqs, size)
+        if feed is not None:
+            feed.apply(self._buf["input_ids"])
         graph = self.graphs.get(size)
         if graph is not None:
             graph.replay()

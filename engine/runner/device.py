@@ -15,15 +15,29 @@ def to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True)
 
 
+class PendingFetch:
+    """Device tensors on their way to the host: the copies and an event are queued when it is made, so
+    that `wait()` later waits for them alone, not for work queued since (async scheduling's next step)."""
+
+    def __init__(self, tensors):
+        self._done = None
+        if all(t.device.type == "cpu" for t in tensors):
+            self._host = tensors
+            return
+        self._host = [t.to("cpu", non_blocking=True) for t in tensors]  # pinned, asynchronous
+        self._done = torch.cuda.Event()
+        self._done.record()
+
+    def wait(self) -> list[list]:
+        """The tensors as Python lists."""
+        if self._done is not None:
+            self._done.synchronize()
+        return [h.tolist() for h in self._host]
+
+
 def fetch(*tensors: torch.Tensor) -> list[list]:
     """Device tensors as Python lists, with one wait for all of them together."""
-    if all(t.device.type == "cpu" for t in tensors):
-        return [t.tolist() for t in tensors]
-    host = [t.to("cpu", non_blocking=True) for t in tensors]  # pinned, asynchronous
-    done = torch.cuda.Event()
-    done.record()
-    done.synchronize()
-    return [h.tolist() for h in host]
+    return PendingFetch(tensors).wait()
 
 
 PAGE = 4096

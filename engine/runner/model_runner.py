@@ -274,7 +274,7 @@ class ModelRunner:
             v.index_copy_(0, dst, v.index_select(0, src))
 
     def prepare(
-        self, batch: ScheduledBatch, has_images: bool = False
+        self, batch: ScheduledBatch, has_images: bool = False, feed=None
     ) -> tuple[torch.Tensor, AttentionInputs, torch.Tensor]:
         if self.lora is not None:
             self.lora.begin_step([s.lora_id for s in batch.seqs], batch.num_new_tokens)
@@ -284,6 +284,8 @@ class ModelRunner:
             self.kv_caches,
             self.ops.attention_hints,
         )
+        if feed is not None:  # the previous step's tokens, still on the device (engine.core.async_steps)
+            feed.apply(input_ids)
         if has_images and self.images.bidirectional:
             inputs.image_spans = image_spans(batch.seqs, batch.num_new_tokens, self.block_size, self.device)
         if self.model_config.mrope_section:
@@ -294,36 +296,39 @@ class ModelRunner:
                 inputs.mrope_positions = positions
         return input_ids, inputs, sample_rows
 
+    feeds_sampled_tokens = True  # takes async scheduling's `feed` (a tensor-parallel runner does not)
+
     @torch.no_grad()
-    def execute(self, batch: ScheduledBatch, extra_rows: list[int] | None = None):
+    def execute(self, batch: ScheduledBatch, extra_rows: list[int] | None = None, feed=None):
         """Logits [num sampling seqs, vocab] in batch order (seqs mid-prefill have none).
 
         With `extra_rows` (indices into the batch's flattened new tokens), returns
-        (logits, the final hidden states of those rows) from the same forward pass."""
+        (logits, the final hidden states of those rows) from the same forward pass. `feed`
+        (engine.core.async_steps.Feed): input rows taken from the step in flight's sampled tokens."""
         if self.step_threads is None:
-            return self._execute(batch, extra_rows)
+            return self._execute(batch, extra_rows, feed)
         tokens = sum(batch.num_new_tokens)
         context = 0  # the positions the rows' last tokens see, counted only where the step may be small
         if self.step_threads.may_be_small(tokens):
             context = tokens + sum(s.num_computed_tokens for s in batch.seqs)
         with self.step_threads.step(tokens, context):  # small or on a busy host: one thread
-            return self._execute(batch, extra_rows)
+            return self._execute(batch, extra_rows, feed)
 
-    def _execute(self, batch: ScheduledBatch, extra_rows: list[int] | None = None):
+    def _execute(self, batch: ScheduledBatch, extra_rows: list[int] | None = None, feed=None):
         image_embeds = self.images.for_batch(batch.seqs, batch.num_new_tokens) if self.images else None
         if extra_rows:
-            input_ids, inputs, sample_rows = self.prepare(batch, image_embeds is not None)
+            input_ids, inputs, sample_rows = self.prepare(batch, image_embeds is not None, feed)
             hidden = self.model(input_ids, inputs, image_embeds)
             extra = hidden[to_device(extra_rows, torch.long, self.device)]
             return self.model.compute_logits(hidden.index_select(0, sample_rows)), extra
         if image_embeds is None and self.graph_runner is not None and self.graph_runner.can_run(batch.num_new_tokens):
-            hidden = self.graph_runner.run(batch.seqs)
+            hidden = self.graph_runner.run(batch.seqs, feed)
             # A one-token chunk that does not finish its prompt has nothing to sample.
             rows = [i for i, s in enumerate(batch.seqs) if s.num_computed_tokens + 1 == len(s)]
             if len(rows) < len(batch.seqs):
                 hidden = hidden.index_select(0, to_device(rows, torch.long, self.device))
             return self.model.compute_logits(hidden)
-        input_ids, inputs, sample_rows = self.prepare(batch, image_embeds is not None)
+        input_ids, inputs, sample_rows = self.prepare(batch, image_embeds is not None, feed)
         hidden = self.model(input_ids, inputs, image_embeds)
         return self.model.compute_logits(hidden.index_select(0, sample_rows))
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from engine.core.sequence import Sequence
-from engine.runner.device import fetch, to_device
+from engine.runner.device import PendingFetch, to_device
 from engine.sampling.structured_outputs import apply_grammar_bitmask
 from engine.sampling.token_masks import apply_token_masks
 
@@ -28,9 +28,14 @@ class Sampler:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
 
-    @torch.no_grad()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence], eos_ids: list[int]):
         """Returns (token ids as a list, per-row `SampleLogprobs` or None)."""
+        return self.launch(logits, seqs, eos_ids).result()
+
+    @torch.no_grad()
+    def launch(self, logits: torch.Tensor, seqs: list[Sequence], eos_ids: list[int]) -> PendingSample:
+        """The sampling queued on the device; nothing waits for it until `result()` (async scheduling
+        feeds `tokens` into the next step's inputs before then)."""
         logits = logits.float()
         traits = _BatchTraits(seqs)
         want = traits.want_logprobs
@@ -47,23 +52,14 @@ class Sampler:
         if not traits.all_greedy:
             tokens = self._sample(logits, seqs, tokens)
         if raw_logprobs is None:
-            return fetch(tokens)[0], None
+            return PendingSample(tokens)
         counts = [_num_top(seqs[i].params.logprobs, self.vocab_size) for i in want]
-        return self._with_logprobs(tokens, raw_logprobs, want, counts)
-
-    def _with_logprobs(self, tokens, raw_logprobs, want, counts):
         chosen = raw_logprobs.gather(1, self._rows(tokens, want)[:, None])
         ranks = (raw_logprobs >= chosen).sum(dim=-1)  # vLLM counts ties as ranking above
         k = min(max(counts), raw_logprobs.shape[-1])
         top = raw_logprobs.topk(k, dim=-1) if k else None
-        lists = fetch(tokens, chosen.squeeze(1), ranks, *((top.values, top.indices) if top is not None else ()))
-        token_list, chosen, ranks = lists[:3]
-        result: list[SampleLogprobs | None] = [None] * len(token_list)
-        for j, i in enumerate(want):
-            n = counts[j]
-            top_ids, top_values = (lists[4][j][:n], lists[3][j][:n]) if n else ([], [])
-            result[i] = SampleLogprobs(token_list[i], chosen[j], ranks[j], top_ids, top_values)
-        return token_list, result
+        extra = (chosen.squeeze(1), ranks, *((top.values, top.indices) if top is not None else ()))
+        return PendingSample(tokens, extra, want, counts)
 
     def _rows(self, t: torch.Tensor, rows: list[int]) -> torch.Tensor:
         return t if len(rows) == t.shape[0] else t[to_device(rows, torch.long, self.device)]
@@ -197,6 +193,27 @@ class _BatchTraits:
                 or p.repetition_penalty != 1.0
             ):
                 self.plain = False
+
+
+class PendingSample:
+    """A step's sampled tokens (and logprob tensors) still on the device; `result()` reads them back
+    in one wait."""
+
+    def __init__(self, tokens: torch.Tensor, extra: tuple = (), want: list[int] = (), counts: list[int] = ()):
+        self.tokens, self._want, self._counts = tokens, want, counts
+        self._fetch = PendingFetch((tokens, *extra))  # queued now: reading it waits for this step alone
+
+    def result(self) -> tuple[list[int], list[SampleLogprobs | None] | None]:
+        lists = self._fetch.wait()
+        if len(lists) == 1:
+            return lists[0], None
+        token_list, chosen, ranks = lists[:3]
+        result: list[SampleLogprobs | None] = [None] * len(token_list)
+        for j, i in enumerate(self._want):
+            n = self._counts[j]
+            top_ids, top_values = (lists[4][j][:n], lists[3][j][:n]) if n else ([], [])
+            result[i] = SampleLogprobs(token_list[i], chosen[j], ranks[j], top_ids, top_values)
+        return token_list, result
 
 
 @dataclass

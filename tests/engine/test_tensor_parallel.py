@@ -126,7 +126,8 @@ def test_two_ranks_match_one_token_for_token(tiny_model, arch):
     settings = dict(num_kv_blocks=30, max_num_batched_tokens=32)
     single = LLM(str(path), **settings)
     expected = [_greedy(single, prompts, max_tokens)[1] for _ in range(2)]
-    with _tp_llm(path, **settings) as llm:
+    with _tp_llm(path, async_scheduling=True, **settings) as llm:
+        assert not llm.llm_engine.async_scheduling  # the ranks step synchronously (engine/core/async_steps.py)
         first, ours = _greedy(llm, prompts, max_tokens)
         assert ours == expected[0]
         again, ours = _greedy(llm, prompts, max_tokens)
