@@ -16,13 +16,11 @@ read, and the step before it finished, before the next step is scheduled."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import repeat
 
 import torch
 
 from engine.core import step_phases as phases
 from engine.core.sequence import Sequence, SequenceStatus
-from engine.kv_transfer.export import wants_export
 from engine.runner.device import to_device
 from engine.sampling.sampler import PendingSample
 
@@ -48,11 +46,10 @@ class Feed:
 
 @dataclass
 class InFlight:
-    """A step whose tokens are not read yet: its samplers, where each one's token goes in its
-    `token_ids`, and the sampling still on the device (None: no sequence sampled)."""
+    """A step whose tokens are not read yet: its samplers (the rows of `sampled`) and the sampling
+    still on the device (None: no sequence sampled)."""
 
     samplers: list[Sequence]
-    slots: list[int]
     sampled: PendingSample | None
 
 
@@ -64,24 +61,36 @@ def wanted(setting: bool | None, device: torch.device, runner) -> bool:
 
 
 def run(engine, inputs: phases.ModelInputs) -> list:
-    """Run a scheduled step: launched, its tokens read in the next call, where it may be; else read now,
-    after the step in flight's. Returns the requests that finished."""
+    """Run a scheduled step. Where it may be deferred: launch it, read the step in flight (the device
+    meanwhile runs this one), book this one as in flight. Else: run it, read the step in flight, then
+    this one. Returns the requests that finished."""
     outputs = phases.run_model(engine, inputs, feed(engine.in_flight, inputs.batch))
     if engine.async_scheduling and can_defer(inputs):
         sampled = None
         if inputs.samplers:
             sampled = engine.sampler.launch(outputs.logits, inputs.samplers, engine.eos_token_ids)
-        earlier, engine.in_flight = engine.in_flight, launch(engine, inputs, sampled)
-        return finish(engine, earlier)
+        finished = drain(engine)
+        engine.in_flight = launch(engine, inputs, sampled)
+        return finished
     sampled = phases.sample(engine, inputs, outputs)
     finished = drain(engine)
     return finished + phases.update(engine, inputs, sampled).finished
 
 
 def drain(engine) -> list:
-    """Read the step in flight, if any; returns the requests that finished."""
+    """Read the step in flight, if any: its tokens in place of the placeholders, stops checked as a
+    synchronous step checks them. Returns the requests that finished."""
     flight, engine.in_flight = engine.in_flight, None
-    return finish(engine, flight)
+    finished: list = []
+    if flight is None or flight.sampled is None:
+        return finished
+    tokens, logprobs = flight.sampled.result()
+    for seq in flight.samplers:  # a placeholder is its sequence's last token until its step is read
+        if seq.num_pending and seq.status is not _FINISHED:
+            seq.token_ids.pop()
+            seq.num_pending = 0
+    phases.take_tokens(engine, flight.samplers, tokens, logprobs, finished)
+    return finished
 
 
 def can_defer(inputs: phases.ModelInputs) -> bool:
@@ -89,28 +98,39 @@ def can_defer(inputs: phases.ModelInputs) -> bool:
     if inputs.pooling or inputs.prompt_logprob_spans:
         return False
     for seq in inputs.samplers:
-        p = seq.params
-        if (
-            seq.grammar is not None
-            or seq.on_logprobs is not None
-            or p.min_tokens
-            or p.bad_words
-            or p.presence_penalty != 0.0
-            or p.frequency_penalty != 0.0
-            or p.repetition_penalty != 1.0
-            or (p.extra_args and wants_export(seq))
-        ):
+        if seq.reads_own_tokens is None:
+            seq.reads_own_tokens = _reads_own_tokens(seq)
+        if seq.reads_own_tokens:
             return False
     return True
 
 
+def _reads_own_tokens(seq: Sequence) -> bool:
+    """Whether the sequence's sampling or stopping needs its earlier tokens on the host."""
+    p = seq.params
+    return bool(
+        seq.on_logprobs is not None
+        or seq.grammar is not None
+        or p.min_tokens
+        or p.bad_words
+        or p.has_penalties
+        or (p.extra_args and "kv_transfer_params" in p.extra_args)
+    )
+
+
 def feed(flight: InFlight | None, batch) -> Feed | None:
-    """The rows of `batch` whose input is a placeholder of the step in flight. When a step is
-    scheduled, a sequence has at most one placeholder, its last token, from that step."""
+    """The rows of `batch` whose input is a placeholder of the step in flight (a step is scheduled
+    while a sequence's one placeholder, from that step, is its last token)."""
     if flight is None or flight.sampled is None:
         return None
+    seqs = batch.seqs
+    if batch.num_tokens == len(seqs):  # one token each (decodes): a row per sequence
+        rows = [i for i, s in enumerate(seqs) if s.num_pending]
+        if not rows:
+            return None
+        return Feed(rows, [seqs[i].pending_row for i in rows], flight.sampled.tokens)
     rows, sampled_rows, row = [], [], 0
-    for seq, n in zip(batch.seqs, batch.num_new_tokens):
+    for seq, n in zip(seqs, batch.num_new_tokens):
         if seq.num_pending:
             offset = len(seq.token_ids) - 1 - seq.num_computed_tokens
             if 0 <= offset < n:
@@ -121,47 +141,17 @@ def feed(flight: InFlight | None, batch) -> Feed | None:
 
 
 def launch(engine, inputs: phases.ModelInputs, sampled: PendingSample | None) -> InFlight:
-    """Advance the step's sequences as if its tokens were known: computed counts, full blocks
-    offered to the prefix cache, a placeholder for each sampled token that may not be the last."""
+    """Book a launched step as if its tokens were known: computed counts, full blocks offered to the
+    prefix cache, a placeholder for each token to come that may not be its sequence's last. Sequences
+    that the step before stopped are left (their rows of this step are dropped)."""
     phases.advance(engine, inputs.batch)
-    slots, limit = [], engine.max_model_len
+    limit = engine.max_model_len
     for row, seq in enumerate(inputs.samplers):
-        tokens = seq.token_ids
-        slots.append(len(tokens))
+        if seq.status is _FINISHED:
+            continue
+        tokens, max_tokens = seq.token_ids, seq.params.max_tokens
         seq.pending_row = row
-        max_tokens = seq.params.max_tokens
         if len(tokens) + 1 < limit and (max_tokens is None or len(tokens) + 1 - seq.num_prompt_tokens < max_tokens):
             tokens.append(PLACEHOLDER)
-            seq.num_pending += 1
-    return InFlight(inputs.samplers, slots, sampled)
-
-
-def finish(engine, flight: InFlight | None) -> list:
-    """Read a launched step's tokens and take them as a synchronous step would; returns the
-    requests that finished."""
-    finished: list = []
-    if flight is None or flight.sampled is None:
-        return finished
-    tokens, logprobs = flight.sampled.result()
-    live, tails = [], []
-    for seq, slot, token, sample in zip(flight.samplers, flight.slots, tokens, logprobs or repeat(None)):
-        if seq.status is _FINISHED:  # aborted meanwhile
-            continue
-        tails.append(seq.token_ids[slot + 1 :])  # the placeholder of a step launched since
-        del seq.token_ids[slot:]
-        seq.num_pending = 0
-        live.append((seq, token, sample))
-    if not live:
-        return finished
-    seqs, toks, samples = zip(*live)
-    phases.take_tokens(engine, seqs, toks, samples if logprobs else None, finished)
-    blocks = engine.block_manager
-    for seq, tail in zip(seqs, tails):
-        if seq.status is _FINISHED:
-            continue  # its token from the step launched since is dropped with the placeholder
-        if tail:
-            seq.token_ids += tail
-            seq.num_pending = len(tail)
-        if seq.num_computed_tokens // blocks.block_size > seq.num_registered_blocks:
-            blocks.register_full_blocks(seq)
-    return finished
+            seq.num_pending = 1
+    return InFlight(inputs.samplers, sampled)

@@ -45,6 +45,7 @@ class Sequence:
         # device but not yet read, and this sequence's row among the in-flight step's sampled tokens.
         self.num_pending = 0
         self.pending_row = 0
+        self.reads_own_tokens: bool | None = None  # whether its steps must read tokens at once (memo)
         self.num_cached_tokens = 0  # of those, how many came from the prefix cache
         self.block_hashes: list[bytes] = []  # chained hashes of its full blocks (memo)
         self.num_registered_blocks = 0  # leading blocks already offered to the prefix cache
