@@ -61,6 +61,7 @@ class BlockManager:
         self.block_hashes: list[bytes | None] = [None] * num_blocks
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self.cached: dict[bytes, int] = {}
+        self.num_used = 0  # blocks [0, num_used) have been handed out at least once (fresh ones go in order)
 
     @property
     def num_free_blocks(self) -> int:
@@ -140,6 +141,8 @@ class BlockManager:
     def _allocate(self) -> int:
         """The least recently freed block, forgotten by the prefix cache, held once."""
         block, _ = self.free.popitem(last=False)
+        if block >= self.num_used:
+            self.num_used = block + 1
         old = self.block_hashes[block]
         if old is not None:
             if self.cached.get(old) == block:

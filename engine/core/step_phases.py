@@ -71,6 +71,9 @@ def schedule(engine) -> ScheduleResult:
     finished = engine.admit_incoming()
     finished += engine.kv.admit()
     batch = engine.scheduler.schedule()
+    prefault = getattr(engine.runner, "kv_prefault", None)
+    if prefault is not None:  # the pages of the blocks later steps take, mapped meanwhile
+        prefault.ensure(engine.block_manager.num_used)
     return ScheduleResult(batch or None, finished)
 
 

@@ -29,6 +29,7 @@ from engine.runner.cpu_malloc import keep_freed_memory
 from engine.runner.cpu_threads import StepThreads
 from engine.runner.cuda_graph import DecodeGraphRunner, batch_size_ladder
 from engine.runner.device import to_device, zeros
+from engine.runner.kv_prefault import PREFAULT_BYTES, KVPrefault
 from engine.runner.ops import select_ops
 from engine.runner.step_plan import plan_step, step_tensors
 from engine.runner.warm_up import warm_memory, warm_up
@@ -86,6 +87,7 @@ class ModelRunner:
         if config.num_kv_blocks:
             log.info("KV pool: %d blocks of %d tokens (num_kv_blocks)", self.num_blocks, self.block_size)
         self.kv_caches = [self._layer_pools() for _ in range(model_config.num_layers)]
+        self.kv_prefault = self._make_kv_prefault() if device.type == "cpu" else None
         self.graph_runner = self._make_graph_runner()
         width = -(-model_config.max_model_len // self.block_size)
         self.block_table_rows = BlockTableRows(config.max_num_seqs, width)  # the step's tables, kept between steps
@@ -170,6 +172,15 @@ class ModelRunner:
         shape = (self.num_blocks, self.block_size, m.num_kv_heads, m.head_dim)
         pools = [zeros(shape, self.dtype, self.device) for _ in range(m.kv_tensors_per_layer)]
         return pools[0], pools[-1]
+
+    def _make_kv_prefault(self) -> KVPrefault:
+        """The pool's pages mapped two steps' blocks ahead of use (at most PREFAULT_BYTES), from now on."""
+        pools = list({id(t): t for pair in self.kv_caches for t in pair}.values())  # latent attention: K is V
+        per_step = -(-self.config.max_num_batched_tokens // self.block_size) + self.config.max_num_seqs
+        ahead = max(1, min(2 * per_step, PREFAULT_BYTES // self._bytes_per_block()))
+        prefault = KVPrefault(pools, self.num_blocks, ahead)
+        prefault.ensure(0)
+        return prefault
 
     def _kv_per_position(self) -> int:
         m = self.model_config
