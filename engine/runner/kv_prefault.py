@@ -38,10 +38,11 @@ class KVPrefault:
         self._thread = None
 
     def ensure(self, used: int) -> None:
-        """Blocks [0, used) have been handed out: keep the next `ahead` mapped. Cheap when nothing is to do."""
-        target = min(self.num_blocks, used + self.ahead)
-        if target <= self._target or self._madvise is None:
+        """Blocks [0, used) have been handed out: keep the next `ahead` mapped, topped up each time half of
+        them are taken (the thread wakes rarely: its every wake-up takes the GIL from the steps)."""
+        if used + self.ahead // 2 < self._target or self._target == self.num_blocks or self._madvise is None:
             return
+        target = min(self.num_blocks, used + self.ahead)
         with self._wake:
             self._target = target
             if self._thread is None:

@@ -62,7 +62,7 @@ def test_the_engine_keeps_its_pool_mapped_ahead_of_the_blocks_it_hands_out(tiny_
     used = engine.block_manager.num_used
     assert used > prefault.ahead  # the run went past the first window
     assert prefault.wait()
-    assert prefault.mapped == min(4096, used + prefault.ahead)
+    assert used + prefault.ahead // 2 <= prefault.mapped <= min(4096, used + prefault.ahead)
     # (past it the pool may be resident or not: glibc may serve the pool from heap pages used before)
     for pool in (engine.runner.kv_caches[0][0], engine.runner.kv_caches[-1][1]):
         per_block = pool[0].numel() * pool.element_size()
