@@ -31,13 +31,22 @@ def positive_int(text: str) -> int:
     return value
 
 
+def on_off(text: str) -> bool:
+    """on or off (true/false, yes/no, 1/0)."""
+    value = {"on": True, "true": True, "yes": True, "1": True, "off": False, "false": False, "no": False, "0": False}
+    if text.lower() not in value:
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+    return value[text.lower()]
+
+
 @dataclass(frozen=True)
 class EngineOption:
     name: str  # the EngineConfig field, and the keyword argument of engine.LLM / LLMEngine
     type: Callable[[str], object]  # parses and checks the value (argparse's type)
     default: object  # None: the engine decides
     help: str
-    choices: tuple[str, ...] | None = None
+    choices: tuple | None = None
+    metavar: str | None = None
 
     @property
     def flag(self) -> str:
@@ -62,6 +71,14 @@ ENGINE_OPTIONS = (
         "the checkpoint's quantization method (compressed-tensors, fp8, awq, "
         "gptq); fp8 also quantizes an unquantized checkpoint at load; default: its quantization_config",
     ),
+    EngineOption(
+        "async_scheduling",
+        on_off,
+        None,
+        "schedule the next step while the device runs this one (default: on with CUDA, off on the CPU)",
+        (True, False),
+        "on|off",
+    ),
     EngineOption("max_loras", positive_int, None, "LoRA adapters in one step (default: the --lora count, up to 8)"),
     EngineOption("max_lora_rank", positive_int, None, "largest LoRA rank (default: the --lora adapters' largest)"),
     EngineOption("max_cpu_loras", positive_int, None, "LoRA adapters kept in memory (default: max_loras)"),
@@ -72,7 +89,12 @@ LORA_OPTIONS = ("max_loras", "max_lora_rank", "max_cpu_loras")
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
     for option in ENGINE_OPTIONS:
         parser.add_argument(
-            option.flag, type=option.type, default=option.default, choices=option.choices, help=option.help
+            option.flag,
+            type=option.type,
+            default=option.default,
+            choices=option.choices,
+            metavar=option.metavar,
+            help=option.help,
         )
     parser.add_argument(
         "--lora",
@@ -102,4 +124,8 @@ def engine_argv(args: argparse.Namespace) -> list[str]:
     """The same options as command-line arguments, for a child process that parses them again."""
     values = ((option.flag, getattr(args, option.name)) for option in ENGINE_OPTIONS)
     loras = [f"--lora={item}" for item in getattr(args, "lora", None) or ()]
-    return [f"{flag}={value}" for flag, value in values if value is not None] + loras
+    return [f"{flag}={_argument(value)}" for flag, value in values if value is not None] + loras
+
+
+def _argument(value) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)

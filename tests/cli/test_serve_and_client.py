@@ -158,6 +158,37 @@ def test_offline_run_command(platform, tmp_path):
     assert main([*example, "-q", "--device=cpu", "--strict"]) == 3
 
 
+def test_offline_run_with_async_scheduling_gives_the_same_results(platform, tmp_path, monkeypatch):
+    """`--async-scheduling=on` on the CPU: each step's tokens read a step late, the same responses (greedy,
+    seeded sampling, logprobs, stops by EOS and by max_tokens)."""
+    from engine.core import async_steps
+
+    launched = []
+    launch = async_steps.launch
+    monkeypatch.setattr(async_steps, "launch", lambda *args: launched.append(1) or launch(*args))
+    src = tmp_path / "in.jsonl"
+    lines = [chat_line(f"c{i}", f"question {i}", max_tokens=6 + i) for i in range(4)]
+    lines += [completion_line(f"s{i}", f"seeded {i}", 12, temperature=0.9, seed=i, logprobs=2) for i in range(4)]
+    src.write_bytes(jsonl(lines))
+    bodies = {}
+    for mode in ("off", "on"):
+        out = tmp_path / f"{mode}.parquet"
+        argv = ["run", str(src), "-o", str(out), "--model", platform.model_path, "-q", "--device=cpu"]
+        assert main([*argv, f"--async-scheduling={mode}"]) == 0
+        rows = pq.read_table(out).to_pylist()
+        assert [r["status"] for r in rows] == ["completed"] * 8
+        bodies[mode] = [_answer(json.loads(r["response_body"])) for r in rows]
+        assert bool(launched) == (mode == "on")
+    assert bodies["on"] == bodies["off"]
+
+
+def _answer(body: dict) -> tuple:
+    choice = body["choices"][0]
+    text = choice["message"]["content"] if "message" in choice else choice["text"]
+    logprobs = choice.get("logprobs") or {}
+    return text, choice["finish_reason"], body["usage"]["completion_tokens"], logprobs.get("tokens")
+
+
 def test_serve_hands_every_engine_option_to_its_workers():
     """Whatever engine option `serve` is given, the worker it starts builds its engine with it."""
     argv = ["serve", "--model", "tiny=/models/tiny", "--concurrency=3"]
