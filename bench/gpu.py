@@ -96,7 +96,7 @@ class Plan:
             enable_prefix_caching=False,
         )
         if args.cpu_smoke:  # no graphs on CPU: run decode steps through their padded buffers anyway
-            self.engine_kwargs["static_decode_eager"] = True
+            self.engine_kwargs.update(static_decode_eager=True, async_scheduling=True)  # and the GPU's stepping
         self.deadline = time.monotonic() + args.time_budget
 
     def left(self) -> float:
@@ -293,6 +293,7 @@ def run_engine(plan: Plan, path: Path, results: dict):
         flush=True,
     )
     results["engine"] = info
+    results["async_scheduling"] = llm.llm_engine.async_scheduling
 
     # One warm-up run: every prompt length class of kernel, batch sizes up to 256, decode
     # graphs. Its ids are outside the workload's range (no prefix could match anyway).
@@ -313,6 +314,13 @@ def run_engine(plan: Plan, path: Path, results: dict):
         guarded("headline", results)(timed_generate, llm, plan.prompts[:n], plan.output_lens[:n], meter)
         n = plan.compare
         guarded("ours_subset", results)(timed_generate, llm, plan.prompts[:n], plan.output_lens[:n], meter)
+        if plan.left() > 90:  # the same without async scheduling: what overlapping the host's work gains
+            engine, overlapped = llm.llm_engine, llm.llm_engine.async_scheduling
+            engine.async_scheduling = False
+            try:
+                guarded("ours_subset_sync", results)(timed_generate, llm, plan.prompts[:n], plan.output_lens[:n], meter)
+            finally:
+                engine.async_scheduling = overlapped
     finally:
         if meter is not None:
             meter.close()
@@ -426,6 +434,15 @@ def report(plan: Plan, results: dict) -> None:
     n = plan.compare
     if sub:
         rows.append((f"ours on the first {n}", f"{sub['tok_s']:,.0f} tok/s ({sub['seconds']:.2f} s)"))
+    sync = results.get("ours_subset_sync")
+    if sub and sync:
+        on = "async scheduling on" if e and results.get("async_scheduling") else "async scheduling off"
+        rows.append(
+            (
+                f"ours on the first {n}, synchronous steps",
+                f"{sync['tok_s']:,.0f} tok/s (the run above, {on}: {sub['tok_s'] / sync['tok_s']:.2f}x)",
+            )
+        )
     if hf:
         rows.append(
             (f"transformers generate, static batch of {n}", f"{hf['tok_s']:,.0f} tok/s ({hf['seconds']:.2f} s)")
