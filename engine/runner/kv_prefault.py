@@ -1,13 +1,14 @@
 """The CPU KV pool's pages mapped ahead of the blocks handed out, in the background.
 
 The pool comes from `calloc` (engine.runner.device.zeros): it costs nothing until used, and each page
-is mapped at its first write, a page fault inside a step's KV write (on the AMD EPYC here 20-170 ms of a
-MoE benchmark run, ~15 % of an image-chat run). The block manager hands never-used blocks out in
-ascending order, so the pages a step will first write are those just past the highest block handed out
-so far. A thread keeps the pages of the next `ahead` blocks mapped (`MADV_POPULATE_WRITE`: the kernel
-maps them as a write fault would, without touching their contents, so it may run beside the steps
-that write the pool), so that a step never waits for a fault, and memory grows only `ahead` blocks
-past what the engine has used. Where the kernel lacks it (before Linux 5.14) nothing is done.
+is mapped at its first write, a page fault inside a step's KV write (~3,500 a run of bench.moe on the
+AMD EPYC here). The block manager hands never-used blocks out in ascending order, so the pages a step
+will first write are those just past the highest block handed out so far. A thread keeps the pages of
+the next `ahead` blocks mapped (`MADV_POPULATE_WRITE`: the kernel maps them as a write fault would,
+without touching their contents, so it may run beside the steps that write the pool; the thread runs
+only while there is something to map), so that a step never waits for a fault, and memory grows only
+`ahead` blocks past what the engine has used. Where the kernel lacks it (before Linux 5.14) nothing
+is done.
 """
 
 from __future__ import annotations
@@ -35,38 +36,40 @@ class KVPrefault:
         self._target = 0
         self._wake = threading.Condition()
         self._madvise = _madvise()
-        self._thread = None
+        self._running = False  # a thread is mapping
 
     def ensure(self, used: int) -> None:
         """Blocks [0, used) have been handed out: keep the next `ahead` mapped, topped up each time half of
-        them are taken (the thread wakes rarely: its every wake-up takes the GIL from the steps)."""
+        them are taken (a thread, started then, maps them and ends: it holds the GIL rarely, and nothing
+        keeps the pool alive once the engine is gone)."""
         if used + self.ahead // 2 < self._target or self._target == self.num_blocks or self._madvise is None:
             return
-        target = min(self.num_blocks, used + self.ahead)
         with self._wake:
-            self._target = target
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="pagedbatch-kv-prefault", daemon=True)
-                self._thread.start()
-            self._wake.notify()
+            self._target = min(self.num_blocks, used + self.ahead)
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, name="pagedbatch-kv-prefault", daemon=True).start()
 
     def wait(self, timeout: float = 10.0) -> bool:
-        """Until the thread has mapped up to the last target (tests); False on timeout."""
+        """Until the pages up to the last target are mapped (tests); False on timeout."""
         with self._wake:
-            return self._wake.wait_for(lambda: self.mapped >= self._target, timeout)
+            return self._wake.wait_for(lambda: self.mapped >= self._target or self._madvise is None, timeout)
 
     def _run(self) -> None:
+        per_block = [pool[0].numel() * pool.element_size() for pool in self.pools]
+        step = max(1, CHUNK_BYTES // max(per_block))
         while True:
             with self._wake:
-                self._wake.wait_for(lambda: self._target > self.mapped)
-                start, end = self.mapped, self._target
-            per_block = [pool[0].numel() * pool.element_size() for pool in self.pools]
-            step = max(1, CHUNK_BYTES // max(per_block))
-            for first in range(start, end, step):
-                last = min(end, first + step)
-                for pool, size in zip(self.pools, per_block):
-                    if not self._map(pool.data_ptr() + first * size, (last - first) * size):
-                        return
+                if self.mapped >= self._target or self._madvise is None:
+                    self._running = False
+                    self._wake.notify_all()
+                    return
+                first = self.mapped
+                last = min(self._target, first + step)
+            for pool, size in zip(self.pools, per_block):
+                if not self._map(pool.data_ptr() + first * size, (last - first) * size):
+                    break
+            else:
                 with self._wake:
                     self.mapped = last
                     self._wake.notify_all()

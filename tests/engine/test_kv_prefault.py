@@ -4,7 +4,10 @@ become resident, later ones stay unmapped, and what a step already wrote is neve
 from __future__ import annotations
 
 import ctypes
+import gc
 import mmap
+import time
+import weakref
 
 import torch
 
@@ -74,3 +77,18 @@ def test_a_small_pool_is_mapped_whole_at_start(tiny_model):
     prefault = llm.llm_engine.runner.kv_prefault
     assert prefault.wait()
     assert prefault.mapped == 64
+
+
+def test_nothing_keeps_the_prefault_or_its_pool_once_mapped():
+    """The thread ends when it has mapped what was asked: an engine that is gone leaves no pool behind."""
+    area, pool = fresh_pool(16)
+    prefault = KVPrefault([pool], num_blocks=16, ahead=8)
+    prefault.ensure(0)
+    assert prefault.wait()
+    ref = weakref.ref(prefault)
+    del prefault
+    deadline = time.monotonic() + 10
+    while ref() is not None and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    assert ref() is None
