@@ -8,146 +8,30 @@ else `decode_attention` compiled by inductor (`pagedbatch_kernels.compiled`) int
 whose block tables start with the same blocks (a shared system prompt, sibling samples) read those
 blocks once for the whole group, every member's queries at once (`cpu_prefix`), and only their own
 tails through the kernel; the two partial results merge by their log-sum-exp. Which decode goes in
-which call is planned once per step (`DecodePlan`) and reused by every layer.
+which call is planned once per step (a `cpu_decode_calls.DecodePlan`) and reused by every layer.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from pagedbatch_kernels import reference
 from pagedbatch_kernels.cpu import cpu_native
-from pagedbatch_kernels.cpu.cpu_chunks import Chunk, ChunkBatch, chunk_attention, plan_chunks
-from pagedbatch_kernels.cpu.cpu_decode import (
-    _merge,
-    decode_kernel,
-)
+from pagedbatch_kernels.cpu.cpu_decode_calls import MIN_SAVING, DecodeCall, DecodePlan, build_call, width_groups
 from pagedbatch_kernels.cpu.cpu_prefill import prefill_attention
-from pagedbatch_kernels.cpu.cpu_prefix import grouped_prefix_attention, plan_for, prefix_kernel
+from pagedbatch_kernels.cpu.cpu_prefix import prefix_kernel
 from pagedbatch_kernels.cpu.cpu_window import banded_attention
 
-MIN_SAVING = 0.25  # a decode group is split where that saves this share of its padded work
-MAX_GROUPS = 4
 # Chunks of up to this many new tokens go through the decode kernels, a row per token (a prompt's
 # tail after a cached prefix, say); longer ones through flash SDPA, one sequence at a time.
 SHORT_CHUNK = 64
 # A group of rows sharing prefix blocks takes them apart only where that spares this many position reads
 # ((rows - 1) x shared positions): about what a group's own calls cost at every layer.
 MIN_SHARED_READS = 128
-MIN_CHUNK_ROWS = 2  # single decodes stay with the kernel: as bmm per row they ran ~1.5x slower
-
-
-@dataclass
-class KernelPart:
-    """Some rows of a decode call through the kernel: their positions in the call (a row repeated
-    where there is only one), how many are real, their block tables and context lengths."""
-
-    rows: torch.Tensor
-    count: int
-    tables: torch.Tensor
-    lens: torch.Tensor
-
-
-@dataclass
-class DecodeCall:
-    """One kernel call over some of a step's decodes: their query rows (None: every row of the step, in
-    order), block tables and context lengths (past the shared prefix, if any), at least two rows and
-    two blocks (a size of one would be compiled apart, as a specialisation); `prefixes` are the
-    (first row, end row, shared blocks) of groups of rows that share prefix blocks: where there are
-    any, every row is in one, in order, so that one merge takes in every group's prefix."""
-
-    tokens: torch.Tensor | None
-    count: int  # real rows; the tensors may hold one more (a repeated row)
-    tables: torch.Tensor | None  # None where the rows go in parts (`order`)
-    lens: torch.Tensor
-    prefixes: list[tuple[int, int, torch.Tensor]]
-    # Where rows are tokens of short chunks, their attention past the prefixes goes by chunk
-    # (`cpu_chunks`), and the other rows through the kernel in `kernels` (split by width where the
-    # tails differ); `order` takes the kernels' rows and then the chunks' back to row order.
-    # Where the native kernels are chosen, the chunks' rows go instead in one `span_attention` call:
-    # `span_rows` (positions in the call, chunk by chunk) through `spans`.
-    chunks: list[ChunkBatch] = field(default_factory=list)
-    span_rows: torch.Tensor | None = None
-    spans: cpu_native.Spans | None = None
-    kernels: list[KernelPart] = field(default_factory=list)
-    order: torch.Tensor | None = None
-    prefix_plan: object = field(default=None, init=False, repr=False)  # (plan,) once made by _prefix_plan
-
-    def __post_init__(self):
-        if self.prefixes:
-            bounds = [0] + [end for _, end, _ in self.prefixes]
-            assert [start for start, _, _ in self.prefixes] == bounds[:-1] and bounds[-1] == self.lens.shape[0]
-
-    def _prefix_plan(self, query, k_cache):
-        """How the prefixes are computed (`cpu_prefix.plan_for`), planned at the first layer."""
-        if self.prefix_plan is None:
-            kernel = prefix_kernel(k_cache.dtype, query.shape[1], *k_cache.shape[2:], k_cache.shape[1])
-            self.prefix_plan = (plan_for(kernel, self.prefixes, query.shape[1], k_cache.shape[2], k_cache.shape[1]),)
-        return self.prefix_plan[0]
-
-    def _tails(self, q, k_cache, v_cache, scale):
-        """Every row's attention over its context past the shared prefix, and its log-sum-exp."""
-        if self.order is None:
-            return decode_kernel(q, k_cache, v_cache, self.tables, self.lens, scale)
-        parts = []
-        for part in self.kernels:
-            out, lse = decode_kernel(q.index_select(0, part.rows), k_cache, v_cache, part.tables, part.lens, scale)
-            parts.append((out[: part.count], lse[: part.count]))
-        parts += [chunk_attention(q, k_cache, v_cache, batch, scale) for batch in self.chunks]
-        if self.spans is not None:
-            parts.append(self.spans.run(q.index_select(0, self.span_rows), k_cache, v_cache, scale))
-        out, lse = (torch.cat(p) for p in zip(*parts))
-        return out.index_select(0, self.order), lse.index_select(0, self.order)
-
-    def run(self, query, k_cache, v_cache, scale, out) -> None:
-        q = query if self.tokens is None else query.index_select(0, self.tokens)
-        result, lse = self._tails(q, k_cache, v_cache, scale)
-        if self.prefixes:
-            prefix_out, prefix_lse = grouped_prefix_attention(
-                q, k_cache, v_cache, self.prefixes, scale, self._prefix_plan(q, k_cache)
-            )
-            merged = cpu_native.merge_partial(prefix_out, prefix_lse, result, lse)
-            result = merged[0] if merged is not None else _merge(prefix_out, prefix_lse, result, lse)
-        result = result[: self.count].to(out.dtype)
-        if self.tokens is None:
-            out.copy_(result)
-        else:
-            out.index_copy_(0, self.tokens[: self.count], result)
-
-
-@dataclass
-class DecodePlan:
-    lengths: list[int]
-    starts: list[int]
-    calls: list[DecodeCall]
-    long_chunks: list[int]  # sequences left to `prefill_attention`
-
-
-def width_groups(widths: list[int], max_groups: int = MAX_GROUPS) -> list[list[int]]:
-    """Indices of `widths` (blocks per context) in groups of one kernel call each. A call pads every
-    context to its group's widest, so a group is split in two where that saves at least MIN_SAVING of
-    its padded work, largest saving first, up to `max_groups` groups."""
-    if not widths:
-        return []
-    groups = [sorted(range(len(widths)), key=widths.__getitem__)]
-    while len(groups) < max_groups:
-        best = None  # (saving, group, split)
-        for g, members in enumerate(groups):
-            padded = len(members) * widths[members[-1]]
-            for k in range(1, len(members)):
-                saving = padded - k * widths[members[k - 1]] - (len(members) - k) * widths[members[-1]]
-                if saving >= MIN_SAVING * padded and (best is None or saving > best[0]):
-                    best = (saving, g, k)
-        if best is None:
-            break
-        _, g, k = best
-        members = groups.pop(g)
-        groups[g:g] = [members[:k], members[k:]]
-    return groups
+MAX_FAST_GROUPS = 8
 
 
 def _worth_sharing(members: list[int], shared: int, block_size: int) -> bool:
@@ -166,7 +50,7 @@ def plan_decodes(
     chunks' rows batched by chunk (`cpu_chunks`, or the native span kernel where `native_chunks`);
     `heads` are (query heads, KV heads)."""
     starts, lengths = query_start_loc.tolist(), seq_lens.tolist()
-    plain = _plain_decodes(block_tables, seq_lens, starts, lengths, block_size)
+    plain = _decodes_only(block_tables, seq_lens, starts, lengths, block_size)
     if plain is not None:
         return plain
     seqs = [i for i in range(len(lengths)) if 1 <= starts[i + 1] - starts[i] <= SHORT_CHUNK]
@@ -197,7 +81,7 @@ def plan_decodes(
                     tail = cut[id(tables[m])] = tables[m][shared:]
                 tails.append((tail, row_lens[m] - shared * block_size))
         calls.append(
-            _call(
+            build_call(
                 rows,
                 tails,
                 tokens,
@@ -222,7 +106,7 @@ def plan_decodes(
             rows = rows * 2
         whole_step = [tokens[r] for r in rows] == list(range(starts[-1]))
         calls.append(
-            _call(
+            build_call(
                 rows,
                 [(tables[r], row_lens[r]) for r in rows],
                 tokens,
@@ -239,98 +123,89 @@ def plan_decodes(
     return DecodePlan(lengths, starts, calls, long_chunks)
 
 
-def _plain_decodes(block_tables, seq_lens, starts, lengths, block_size: int) -> DecodePlan | None:
-    """The plan that the general one comes to for the common decode step, without its per-row Python:
-    every query one token, no two tables starting with one block (nothing shared), the contexts in one
-    width group: one kernel call over the step's tables. None for any other step."""
+def _decodes_only(block_tables, seq_lens, starts, lengths, block_size: int) -> DecodePlan | None:
+    """The plan that the general one comes to for a decode step (every query one token), without its
+    per-row Python: the rows of groups worth sharing their first blocks (`_sharing_groups`) in one call,
+    each group's prefix apart, and the other rows in a call of their own (the whole step where nothing is
+    shared). None where a call would split by width, where many groups share, and for any other step."""
     rows = len(lengths)
-    if rows < 2 or starts != list(range(rows + 1)) or len(set(block_tables[:, 0].tolist())) < rows:
+    if rows < 2 or starts != list(range(rows + 1)) or block_tables.device.type != "cpu":
         return None
-    widths = np.sort(-(-seq_lens.numpy().astype(np.int64) // block_size))
-    # width_groups' first split, vectorised: where no split saves MIN_SAVING, it keeps one group
+    tables, lens = block_tables.numpy(), seq_lens.numpy().astype(np.int64)
+    groups = _sharing_groups(tables, lens, block_size)
+    if groups is None:
+        return None
+    calls, alone = [], np.arange(rows)
+    if groups:
+        members = np.concatenate([m for m, _ in groups])
+        tails = lens[members] - np.concatenate([np.full(len(m), shared) for m, shared in groups]) * block_size
+        width = _one_width_group(-(-tails // block_size))
+        if width is None:
+            return None
+        tail_tables, prefixes, first = np.zeros((len(members), width), np.int32), [], 0
+        for m, shared in groups:
+            part = tables[m, shared : shared + width]
+            tail_tables[first : first + len(m), : part.shape[1]] = part
+            prefixes.append((first, first + len(m), torch.from_numpy(tables[m[0], :shared].astype(np.int64))))
+            first += len(m)
+        calls.append(_decode_call(members, len(members), tail_tables, tails, prefixes))
+        outside = np.ones(rows, dtype=bool)
+        outside[members] = False
+        alone = np.flatnonzero(outside)
+    if len(alone):
+        width = _one_width_group(-(-lens[alone] // block_size))
+        if width is None:
+            return None
+        picked = alone if len(alone) > 1 else np.repeat(alone, 2)  # a size of one would be compiled apart
+        part = tables[:, :width] if len(alone) == rows else tables[picked, :width]
+        padded = np.zeros((len(picked), width), np.int32)
+        padded[:, : part.shape[1]] = part
+        calls.append(_decode_call(None if len(alone) == rows else picked, len(alone), padded, lens[picked], []))
+    return DecodePlan(lengths, starts, calls, [])
+
+
+def _decode_call(tokens, count, tables, lens, prefixes) -> DecodeCall:
+    return DecodeCall(
+        tokens=None if tokens is None else torch.from_numpy(tokens),
+        count=count,
+        tables=torch.from_numpy(tables),
+        lens=torch.from_numpy(lens.astype(np.int32)),
+        prefixes=prefixes,
+    )
+
+
+def _sharing_groups(tables: np.ndarray, lens: np.ndarray, block_size: int) -> list | None:
+    """The (rows, shared blocks) that `reference.shared_prefixes` finds and `_worth_sharing` keeps, in the
+    general plan's order; None where more than MAX_FAST_GROUPS first blocks repeat (a loop per group there
+    costs what the general plan's loop per row does)."""
+    if len(set(tables[:, 0].tolist())) == len(tables):
+        return []  # no two tables start with one block
+    _, first_rows, group_of, counts = np.unique(
+        tables[:, 0], return_index=True, return_inverse=True, return_counts=True
+    )
+    repeated = np.flatnonzero(counts > 1)
+    if len(repeated) > MAX_FAST_GROUPS:
+        return None
+    groups = []
+    for group in repeated[np.argsort(first_rows[repeated])]:
+        members = np.flatnonzero(group_of == group)
+        limit = int(lens[members].min() - 1) // block_size
+        same = (tables[members, :limit] == tables[members[0], :limit]).all(axis=0)
+        shared = limit if same.all() else int(np.argmin(same))
+        if _worth_sharing(members, shared, block_size):
+            groups.append((members, shared))
+    return groups
+
+
+def _one_width_group(widths: np.ndarray) -> int | None:
+    """The call's table width where `width_groups` keeps these rows in one group (its first split, over
+    arrays: no split saves MIN_SAVING of the padded work), else None."""
+    widths = np.sort(widths)
+    rows = len(widths)
     padded, k = rows * widths[-1], np.arange(1, rows)
     if (padded - k * widths[:-1] - (rows - k) * widths[-1] >= MIN_SAVING * padded).any():
         return None
-    width = max(2, int(widths[-1]))
-    tables = block_tables[:, :width].to(torch.int32)
-    if tables.shape[1] < width:
-        tables = torch.nn.functional.pad(tables, (0, width - tables.shape[1]))
-    call = DecodeCall(tokens=None, count=rows, tables=tables, lens=seq_lens.to(torch.int32), prefixes=[])
-    return DecodePlan(lengths, starts, [call], [])
-
-
-def _call(rows, tails, tokens, prefixes, block_size, whole_step, device, row_seqs, heads, native_chunks) -> DecodeCall:
-    """A DecodeCall over `rows` (indices into `tokens`), each with its (block table, context length)."""
-    call = DecodeCall(
-        tokens=None if whole_step else torch.tensor([tokens[r] for r in rows], device=device),
-        count=len(set(rows)),
-        tables=None,
-        lens=torch.tensor([n for _, n in tails], dtype=torch.int32, device=device),
-        prefixes=prefixes,
-    )
-    _plan_tails(call, rows, tails, row_seqs, heads, block_size, device, native_chunks)
-    if call.order is None:  # one kernel call over every row: their tables (else each part has its own)
-        call.tables = _tables([t for t, _ in tails], max(2, -(-max(n for _, n in tails) // block_size)), device)
-    return call
-
-
-def _plan_tails(call: DecodeCall, rows, tails, row_seqs, heads, block_size, device, native_chunks) -> None:
-    """Take the call's rows that are tokens of one chunk out of the kernel, into chunk batches (or
-    spans of the native kernel), and split the rest into kernel calls of similar widths
-    (`width_groups`) where that saves work."""
-    by_seq: dict[int, list[int]] = {}
-    for position, r in enumerate(rows[: call.count]):  # not a repeated row
-        by_seq.setdefault(row_seqs[r], []).append(position)
-    chunks = [
-        Chunk(positions, [tails[p][1] for p in positions], tails[positions[0]][0])
-        for positions in by_seq.values()
-        if len(positions) >= MIN_CHUNK_ROWS
-    ]
-    batches, left_out = [], []
-    if chunks and native_chunks:
-        call.span_rows = torch.tensor([p for chunk in chunks for p in chunk.rows], device=device)
-        call.spans = cpu_native.plan_spans(
-            [chunk.blocks for chunk in chunks],
-            [len(chunk.rows) for chunk in chunks],
-            [n for chunk in chunks for n in chunk.lens],
-            device,
-        )
-    elif chunks:
-        batches, left_out = plan_chunks(chunks, *heads, block_size, device)
-    batched = {p for chunk in chunks if all(chunk is not c for c in left_out) for p in chunk.rows}
-    kernel = [p for p in range(call.count) if p not in batched]
-    groups = [[kernel[j] for j in sub] for sub in width_groups([-(-tails[p][1] // block_size) for p in kernel])]
-    if not batches and call.spans is None and len(groups) <= 1:
-        return  # the whole call through one kernel call
-    computed = [p for group in groups for p in group]
-    computed += [p for batch in batches for p in batch.rows.flatten()[batch.picks].tolist()]
-    computed += [p for chunk in chunks for p in chunk.rows] if call.spans is not None else []
-    order = torch.empty(len(computed), dtype=torch.long)
-    order[torch.tensor(computed)] = torch.arange(len(computed))
-    call.chunks, call.order = batches, order.to(device)
-    for group in groups:
-        padded = group * 2 if len(group) == 1 else group  # a size of one would be compiled apart
-        width = max(2, -(-max(tails[p][1] for p in group) // block_size))
-        call.kernels.append(
-            KernelPart(
-                torch.tensor(padded, device=device),
-                len(group),
-                _tables([tails[p][0] for p in padded], width, device),
-                torch.tensor([tails[p][1] for p in padded], dtype=torch.int32, device=device),
-            )
-        )
-
-
-def _tables(tables: list[list[int]], width: int, device) -> torch.Tensor:
-    padded: dict[int, list[int]] = {}  # rows of one chunk hold one table: pad it once
-    for t in tables:
-        if id(t) not in padded:
-            padded[id(t)] = _padded(t[:width], width)
-    return torch.tensor([padded[id(t)] for t in tables], dtype=torch.int32, device=device)
-
-
-def _padded(blocks: list[int], width: int) -> list[int]:
-    return blocks + [0] * (width - len(blocks))
+    return max(2, int(widths[-1]))
 
 
 _plans = threading.local()

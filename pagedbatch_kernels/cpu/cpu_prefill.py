@@ -13,7 +13,7 @@ Which of the two is faster depends on the CPU: PyTorch's flash SDPA (`pagedbatch
 and oneDNN's brgemm, which on an Intel Xeon with AMX ran 3-4x faster than the matmuls above.
 Where the native kernels are built, `cpu_native.span_attention` is a third choice (each sequence a
 span of rows over its block table). `prefill_attention` therefore times those usable here once per
-process and shape on a synthetic prompt (`calibrate`) and keeps the fastest;
+process and shape on a synthetic prompt (`calibrate`), and apart for steps of many short prompts, and keeps the fastest;
 PAGEDBATCH_CPU_PREFILL=sdpa, =matmul or =native fixes the choice (sdpa where native cannot run).
 """
 
@@ -33,6 +33,11 @@ from settings import EngineSettings, value
 log = logging.getLogger(__name__)
 QUERY_BLOCK = 256
 CALIBRATION_TOKENS = 1024
+# A step of at least MANY_PROMPTS prompt chunks averaging at most SHORT_MEAN tokens is timed and chosen for apart,
+# on prompts of SHORT_PROMPT tokens: there a call per prompt (SDPA's, the matmuls') outweighs the attention.
+MANY_PROMPTS = 4
+SHORT_MEAN = 128
+SHORT_PROMPT = 32
 CHOICE_ENV = "PAGEDBATCH_CPU_PREFILL"
 
 
@@ -74,7 +79,8 @@ def prefill_attention(query, k_cache, v_cache, block_tables, lengths, starts, sc
     (`lengths` and `starts` as the host-side lists of seq_lens and query_start_loc), through the
     faster of SDPA and the matmuls on this CPU."""
     if seqs:
-        kernel = _choice(query.dtype, query.shape[1], k_cache.shape[2], query.shape[2], k_cache.shape[1])
+        kind = "short" if len(seqs) >= MANY_PROMPTS and starts[-1] <= SHORT_MEAN * len(seqs) else "long"
+        kernel = _choice(query.dtype, query.shape[1], k_cache.shape[2], query.shape[2], k_cache.shape[1], kind)
         kernel(query, k_cache, v_cache, block_tables, lengths, starts, scale, out, seqs)
 
 
@@ -128,13 +134,13 @@ _choices: dict[tuple, str] = {}
 _choice_lock = threading.Lock()
 
 
-def _choice(dtype, num_heads, num_kv_heads, head_dim, block_size):
+def _choice(dtype, num_heads, num_kv_heads, head_dim, block_size, kind="long"):
     fixed = value(EngineSettings, "cpu_prefill")  # one of KERNELS, checked there
     if fixed:
         return KERNELS[fixed if usable(fixed, dtype, num_heads, num_kv_heads, head_dim) else "sdpa"]
     if startup.quick():  # no timing: the span kernel where it is built, else SDPA (neither compiles)
         return KERNELS["native" if usable("native", dtype, num_heads, num_kv_heads, head_dim) else "sdpa"]
-    key = (dtype, num_heads, num_kv_heads, head_dim, block_size)
+    key = (dtype, num_heads, num_kv_heads, head_dim, block_size, kind)
     with _choice_lock:
         if key not in _choices:
             _choices[key] = calibrate(*key)
@@ -144,23 +150,34 @@ def _choice(dtype, num_heads, num_kv_heads, head_dim, block_size):
 
 @torch.no_grad()
 def calibrate(
-    dtype, num_heads, num_kv_heads, head_dim, block_size, tokens: int = CALIBRATION_TOKENS, repeats: int = 3
+    dtype,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    block_size,
+    kind: str = "long",
+    tokens: int = CALIBRATION_TOKENS,
+    repeats: int = 3,
 ) -> str:
-    """The name of the faster kernel on one prompt of `tokens` random tokens (best of `repeats`)."""
-    blocks = -(-tokens // block_size)
-    shape = (blocks, block_size, num_kv_heads, head_dim)
+    """The name of the fastest kernel on `tokens` random tokens (best of `repeats`): one prompt (`kind`
+    "long"), or prompts of SHORT_PROMPT tokens ("short": a step of many short requests, where a kernel
+    call per prompt costs more than the attention)."""
+    prompt = tokens if kind == "long" else SHORT_PROMPT
+    count = tokens // prompt
+    width = -(-prompt // block_size)
+    shape = (count * width, block_size, num_kv_heads, head_dim)
     k_cache, v_cache = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
-    query = torch.randn(tokens, num_heads, head_dim).to(dtype)
+    query = torch.randn(count * prompt, num_heads, head_dim).to(dtype)
     args = (
         query,
         k_cache,
         v_cache,
-        torch.arange(blocks, dtype=torch.int32)[None],
-        [tokens],
-        [0, tokens],
+        torch.arange(count * width, dtype=torch.int32).view(count, width),
+        [prompt] * count,
+        list(range(0, count * prompt + 1, prompt)),
         head_dim**-0.5,
         torch.empty_like(query),
-        [0],
+        list(range(count)),
     )
     return fastest(
         {

@@ -12,7 +12,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from pagedbatch_kernels import compiled, reference
-from pagedbatch_kernels.cpu import cpu_attention, cpu_decode, cpu_prefill
+from pagedbatch_kernels.cpu import cpu_attention, cpu_decode, cpu_decode_calls, cpu_prefill
 from tests.kernels.test_reference import make_batch, naive, with_shared_prefixes
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
@@ -175,7 +175,7 @@ def test_decodes_of_very_different_lengths_are_split_into_calls():
     assert cpu_attention.width_groups([]) == []
     assert cpu_attention.width_groups([5, 5, 5]) == [[0, 1, 2]]
     groups = cpu_attention.width_groups([1, 2, 30, 31, 3, 32, 8])
-    assert sorted(i for g in groups for i in g) == list(range(7)) and len(groups) <= cpu_attention.MAX_GROUPS
+    assert sorted(i for g in groups for i in g) == list(range(7)) and len(groups) <= cpu_decode_calls.MAX_GROUPS
     assert [2, 3, 5] in groups and any(set(g) >= {0, 1} for g in groups)
     batch = make_batch([1] * 6, [2, 300, 5, 290, 17, 3], 6, 2, torch.float32)
     plan = cpu_attention.plan_decodes(batch["block_tables"], batch["seq_lens"], batch["query_start_loc"], 16, (6, 2))
@@ -203,12 +203,19 @@ def test_the_faster_prompt_kernel_is_timed_once_per_shape(monkeypatch):
     batch = make_batch(*LONG_CHUNKS, 6, 2, torch.float32, seed=6)
     for _ in range(3):
         got = cpu_attention.paged_attention(**batch)
-    assert timed == [(torch.float32, 6, 2, batch["query"].shape[2], batch["k_cache"].shape[1])]
+    shape = (torch.float32, 6, 2, batch["query"].shape[2], batch["k_cache"].shape[1])
+    assert timed == [(*shape, "long")]
     torch.testing.assert_close(got.double(), naive(**batch), atol=1e-5, rtol=1e-5)
+    many = make_batch([70, 90, 65, 100, 80], [0, 10, 0, 3, 0], 6, 2, torch.float32, seed=7)  # five short prompts
+    for _ in range(2):
+        got = cpu_attention.paged_attention(**many)
+    assert timed == [(*shape, "long"), (*shape, "short")]  # timed apart: a call per prompt weighs more there
+    torch.testing.assert_close(got.double(), naive(**many), atol=1e-5, rtol=1e-5)
 
 
 def test_calibration_names_one_of_the_kernels():
-    assert cpu_prefill.calibrate(torch.float32, 4, 2, 32, 16, tokens=96, repeats=1) in cpu_prefill.KERNELS
+    for kind in ("long", "short"):
+        assert cpu_prefill.calibrate(torch.float32, 4, 2, 32, 16, kind, tokens=96, repeats=1) in cpu_prefill.KERNELS
 
 
 def test_an_unknown_prompt_kernel_is_refused(monkeypatch):
@@ -284,23 +291,77 @@ def test_the_cpu_set_names_the_native_rotary_and_no_wrapper_is_compiled_for_noth
             assert bounds.get(None, 0) != compiled.NATIVE_ALWAYS, f"{name} is wrapped but never compiles"
 
 
-def test_a_plain_decode_step_is_planned_as_the_general_planning_plans_it(monkeypatch):
-    """The shortcut for decode steps with nothing shared gives the general plan's one call, or stands aside."""
-    batch = make_batch([1] * 4, [40, 41, 45, 47], 6, 2, torch.float32, seed=7)
+def _rows_of(plan, block_size=16):
+    """Each row of a plan's calls: (its call, the prefix blocks it shares, its own blocks, its length past them)."""
+    rows = {}
+    for index, call in enumerate(plan.calls):
+        assert call.order is None and not call.chunks and call.span_rows is None
+        prefix_of = {pos: blocks.tolist() for first, end, blocks in call.prefixes for pos in range(first, end)}
+        tokens = range(call.count) if call.tokens is None else call.tokens[: call.count].tolist()
+        for pos, row in enumerate(tokens):
+            length = int(call.lens[pos])
+            own = call.tables[pos, : -(-length // block_size)].tolist()
+            rows[row] = (index, call.tables.shape[1], prefix_of.get(pos, []), own, length)
+    return rows
+
+
+def _run(plan, batch):
+    out = torch.zeros_like(batch["query"])
+    for call in plan.calls:
+        call.run(batch["query"], batch["k_cache"], batch["v_cache"], batch["scale"], out)
+    return out
+
+
+def _decode_step(rng, block_size=16):
+    """Random decodes over random tables, some groups of rows starting with the same blocks (a shared
+    system prompt, a repeated picture, sibling samples), some of them too short to share."""
+    rows = int(torch.randint(2, 40, (1,), generator=rng))
+    width = 12
+    tables = torch.randperm(rows * width + 8, generator=rng)[: rows * width].view(rows, width).int()
+    shortest = int(torch.randint(1, 130, (1,), generator=rng))
+    lengths = shortest + torch.randint(0, 48, (rows,), generator=rng)
+    for _ in range(int(torch.randint(0, 4, (1,), generator=rng))):
+        members = torch.randperm(rows, generator=rng)[: int(torch.randint(2, rows + 1, (1,), generator=rng))]
+        shared = int(torch.randint(1, 6, (1,), generator=rng))
+        tables[members, :shared] = tables[members[0], :shared]
+    return tables, lengths.int()
+
+
+def test_a_decode_step_is_planned_as_the_general_planning_plans_it(monkeypatch):
+    """The shortcut for decode steps, with or without shared prefix blocks, gives the general plan's calls,
+    or stands aside; the attention it runs matches the naive one."""
+    rng = torch.Generator().manual_seed(11)
+    taken = shared = 0
+    for _ in range(300):
+        tables, lengths = _decode_step(rng)
+        args = (tables, lengths, torch.arange(len(lengths) + 1, dtype=torch.int32), 16, (6, 2))
+        fast = cpu_attention._decodes_only(tables, lengths, list(range(len(lengths) + 1)), lengths.tolist(), 16)
+        with monkeypatch.context() as patched:
+            patched.setattr(cpu_attention, "_decodes_only", lambda *a: None)
+            general = cpu_attention.plan_decodes(*args)
+        if fast is not None:
+            taken += 1
+            shared += any(call.prefixes for call in fast.calls)
+            assert len(fast.calls) == len(general.calls) and _rows_of(fast) == _rows_of(general)
+            if taken % 10 == 1:  # the same attention, bit for bit
+                batch = make_batch([1] * len(lengths), (lengths - 1).tolist(), 6, 2, torch.float32, seed=taken)
+                pool = (tables.numel() + 8, 16, 2, 32)  # every block id `_decode_step` hands out
+                batch |= dict(block_tables=tables, k_cache=torch.randn(pool), v_cache=torch.randn(pool))
+                assert torch.equal(_run(fast, batch), _run(general, batch))
+    print(f"the shortcut took {taken} of 300 steps, {shared} with shared prefixes")
+    assert taken >= 60 and shared >= 20  # (the others split by width)
+    batch = with_shared_prefixes(make_batch([1] * 7, [60, 48, 70, 32, 20, 31, 40], 6, 2, torch.float32, seed=4))
     args = (batch["block_tables"], batch["seq_lens"], batch["query_start_loc"], 16, (6, 2))
-    fast = cpu_attention.plan_decodes(*args)
-    monkeypatch.setattr(cpu_attention, "_plain_decodes", lambda *a: None)
-    general = cpu_attention.plan_decodes(*args)
-    monkeypatch.undo()
-    assert len(fast.calls) == len(general.calls) == 1
-    a, b = fast.calls[0], general.calls[0]
-    assert a.tokens is None and b.tokens is None and a.count == b.count == 4 and not a.prefixes
-    assert torch.equal(a.tables, b.tables) and torch.equal(a.lens, b.lens)
-    widths = make_batch([1] * 6, [2, 300, 5, 290, 17, 3], 6, 2, torch.float32)  # split by width
-    shared = with_shared_prefixes(make_batch([1] * 6, [60, 48, 70, 32, 20, 31], 6, 2, torch.float32, seed=4))
-    for other in (widths, shared):
-        tables, lengths = other["block_tables"], other["seq_lens"]
-        assert cpu_attention._plain_decodes(tables, lengths, list(range(7)), lengths.tolist(), 16) is None
+    plan = cpu_attention.plan_decodes(*args)
+    assert [(first, end) for first, end, _ in plan.calls[0].prefixes] == [(0, 4), (4, 6)]
+    got = cpu_attention.paged_attention(**batch)
+    expected = naive(**batch)
+    assert (got.double() - expected).abs().max() / expected.abs().max() < 1e-5
+    widths = make_batch([1] * 6, [2, 300, 5, 290, 17, 3], 6, 2, torch.float32)  # split by width: stands aside
+    tables, lengths = widths["block_tables"], widths["seq_lens"]
+    assert cpu_attention._decodes_only(tables, lengths, list(range(7)), lengths.tolist(), 16) is None
+    chunk = make_batch([1, 3, 1], [40, 41, 45], 6, 2, torch.float32)  # a chunk of three: stands aside
+    assert cpu_attention._decodes_only(chunk["block_tables"], chunk["seq_lens"], [0, 1, 4, 5], [41, 44, 46], 16) is None
 
 
 def test_the_plain_plan_keeps_one_call_exactly_where_width_groups_keeps_one_group():
@@ -309,6 +370,6 @@ def test_the_plain_plan_keeps_one_call_exactly_where_width_groups_keeps_one_grou
         rows = int(torch.randint(2, 40, (1,), generator=rng))
         lengths = torch.randint(1, int(torch.randint(2, 400, (1,), generator=rng)), (rows,), generator=rng)
         tables = torch.arange(rows * 30, dtype=torch.int32).view(rows, 30)  # distinct first blocks
-        plain = cpu_attention._plain_decodes(tables, lengths.int(), list(range(rows + 1)), lengths.tolist(), 16)
+        plain = cpu_attention._decodes_only(tables, lengths.int(), list(range(rows + 1)), lengths.tolist(), 16)
         groups = cpu_attention.width_groups([-(-n // 16) for n in lengths.tolist()])
         assert (plain is not None) == (len(groups) == 1)
