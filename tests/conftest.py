@@ -47,11 +47,11 @@ def _startup_mode_restored():
 @pytest.fixture(autouse=True)
 def _small_prefix_groups_shared(request, monkeypatch):
     """The kernel tests check the shared-prefix path on small shapes: every shared block goes apart there,
-    whatever the engine's threshold (pagedbatch_kernels.cpu.cpu_attention.MIN_SHARED_READS)."""
+    whatever the engine's bounds (pagedbatch_kernels.cpu.cpu_attention.SHARING_BOUNDS)."""
     if request.node.path.parent.name == "kernels":
         from pagedbatch_kernels.cpu import cpu_attention
 
-        monkeypatch.setattr(cpu_attention, "MIN_SHARED_READS", 0)
+        monkeypatch.setattr(cpu_attention, "SHARING_BOUNDS", {True: (1, 0), False: (1, 0)})
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -20,37 +20,62 @@ import torch
 
 from pagedbatch_kernels import reference
 from pagedbatch_kernels.cpu import cpu_native
-from pagedbatch_kernels.cpu.cpu_decode_calls import MIN_SAVING, DecodeCall, DecodePlan, build_call, width_groups
-from pagedbatch_kernels.cpu.cpu_prefill import prefill_attention
+from pagedbatch_kernels.cpu.cpu_decode_calls import (
+    MAX_GROUPS,
+    MIN_SAVING,
+    DecodeCall,
+    DecodePlan,
+    build_call,
+    width_groups,
+)
+from pagedbatch_kernels.cpu.cpu_prefill import matmul_dtype, prefill_attention
 from pagedbatch_kernels.cpu.cpu_prefix import prefix_kernel
 from pagedbatch_kernels.cpu.cpu_window import banded_attention
 
 # Chunks of up to this many new tokens go through the decode kernels, a row per token (a prompt's
 # tail after a cached prefix, say); longer ones through flash SDPA, one sequence at a time.
 SHORT_CHUNK = 64
-# A group of rows sharing prefix blocks takes them apart only where that spares this many position reads
-# ((rows - 1) x shared positions): about what a group's own calls cost at every layer.
-MIN_SHARED_READS = 128
+# A group of rows sharing prefix blocks takes them apart (read once, one matmul over the group's queries, merged
+# into each row's tail) only where its prefix has at least the first number of positions and that spares at least
+# the second number of position reads ((rows - 1) x shared positions). A short prefix (a chat template's head, a
+# repeated small picture) costs the kernel little to read, from cache, row by row; the group's own calls and the
+# merge at every layer cost more. By whether the prefix's matmuls run in bfloat16 (`cpu_prefill.matmul_dtype`).
+# Measured on an AMD EPYC, `python -m bench.decode_plan`'s second table and `bench.vs_vllm`'s shared_prefix
+# workload (8 prompts of 512 tokens, ~32 rows each: apart is 6-9 % faster there, in both dtypes).
+SHARING_BOUNDS = {True: (128, 128), False: (256, 128)}
+SHARE_ANY = (1, 0)  # every shared block goes apart
 MAX_FAST_GROUPS = 8
 
 
-def _worth_sharing(members: list[int], shared: int, block_size: int) -> bool:
-    """Whether a group's shared prefix goes apart (read once for the group, merged into each row's tail):
-    only where that spares at least MIN_SHARED_READS reads of a position. A group costs calls of its own at
-    every layer (flash attention group by group, the merge), which a pair of lines that repeat a small
-    picture (a prefix of a block or two) never wins back: their rows go whole through the kernel."""
-    return shared > 0 and (len(members) - 1) * shared * block_size >= MIN_SHARED_READS
+def sharing_bounds(k_cache: torch.Tensor) -> tuple[int, int]:
+    """(least shared positions, least spared position reads) for a group's prefix to go apart, for this pool."""
+    return SHARING_BOUNDS[matmul_dtype(k_cache.dtype) == torch.bfloat16]
+
+
+def _worth_sharing(members, shared: int, block_size: int, sharing: tuple[int, int]) -> bool:
+    """Whether a group's shared prefix goes apart (`sharing`: least shared positions and spared position reads)."""
+    positions, spared = sharing
+    return shared > 0 and shared * block_size >= positions and (len(members) - 1) * shared * block_size >= spared
 
 
 def plan_decodes(
-    block_tables, seq_lens, query_start_loc, block_size: int, heads: tuple[int, int], native_chunks: bool = False
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    block_size: int,
+    heads: tuple[int, int],
+    native_chunks: bool = False,
+    sharing: tuple[int, int] = SHARE_ANY,
+    shortcut: bool = True,
 ) -> DecodePlan:
     """The step's kernel calls: every single-token query, and every query of a chunk of at most
     SHORT_CHUNK tokens (each token a row of its own, its context ending at its position), the
     chunks' rows batched by chunk (`cpu_chunks`, or the native span kernel where `native_chunks`);
-    `heads` are (query heads, KV heads)."""
+    `heads` are (query heads, KV heads); `sharing` says which shared prefixes go apart (`sharing_bounds`).
+    A plain decode step takes a shortcut to the same plan (`_decodes_only`); `shortcut=False` plans it the
+    general way (for the comparisons)."""
     starts, lengths = query_start_loc.tolist(), seq_lens.tolist()
-    plain = _decodes_only(block_tables, seq_lens, starts, lengths, block_size)
+    plain = _decodes_only(block_tables, seq_lens, starts, lengths, block_size, sharing) if shortcut else None
     if plain is not None:
         return plain
     seqs = [i for i in range(len(lengths)) if 1 <= starts[i + 1] - starts[i] <= SHORT_CHUNK]
@@ -66,7 +91,9 @@ def plan_decodes(
             row_seqs.append(i)
     groups = reference.shared_prefixes(tables, row_lens, block_size)
     calls = []
-    shared_rows = [(members, shared) for members, shared in groups if _worth_sharing(members, shared, block_size)]
+    shared_rows = [
+        (members, shared) for members, shared in groups if _worth_sharing(members, shared, block_size, sharing)
+    ]
     if shared_rows:  # every group's tails in one call, each group's prefix merged in after
         rows, tails, prefixes = [], [], []
         for members, shared in shared_rows:
@@ -123,16 +150,17 @@ def plan_decodes(
     return DecodePlan(lengths, starts, calls, long_chunks)
 
 
-def _decodes_only(block_tables, seq_lens, starts, lengths, block_size: int) -> DecodePlan | None:
+def _decodes_only(block_tables, seq_lens, starts, lengths, block_size: int, sharing=SHARE_ANY) -> DecodePlan | None:
     """The plan that the general one comes to for a decode step (every query one token), without its
     per-row Python: the rows of groups worth sharing their first blocks (`_sharing_groups`) in one call,
-    each group's prefix apart, and the other rows in a call of their own (the whole step where nothing is
-    shared). None where a call would split by width, where many groups share, and for any other step."""
+    each group's prefix apart, and the other rows in calls of their own by width (`_width_groups`; the whole
+    step in one where nothing is shared or split). None where the shared rows' call would split by width,
+    where many groups share, and for any other step."""
     rows = len(lengths)
     if rows < 2 or starts != list(range(rows + 1)) or block_tables.device.type != "cpu":
         return None
     tables, lens = block_tables.numpy(), seq_lens.numpy().astype(np.int64)
-    groups = _sharing_groups(tables, lens, block_size)
+    groups = _sharing_groups(tables, lens, block_size, sharing)
     if groups is None:
         return None
     calls, alone = [], np.arange(rows)
@@ -152,16 +180,40 @@ def _decodes_only(block_tables, seq_lens, starts, lengths, block_size: int) -> D
         outside = np.ones(rows, dtype=bool)
         outside[members] = False
         alone = np.flatnonzero(outside)
-    if len(alone):
-        width = _one_width_group(-(-lens[alone] // block_size))
-        if width is None:
-            return None
-        picked = alone if len(alone) > 1 else np.repeat(alone, 2)  # a size of one would be compiled apart
-        part = tables[:, :width] if len(alone) == rows else tables[picked, :width]
+    widths = -(-lens[alone] // block_size)
+    groups = _width_groups(widths) if len(alone) else []
+    if len(groups) > 1 and any(_one_width_group(widths[group]) is None for group in groups):
+        return None  # the general plan splits a group again, into parts of one call
+    for group in groups:
+        width = max(2, int(widths[group].max()))
+        picked = alone[group] if len(group) > 1 else np.repeat(alone[group], 2)  # one would be compiled apart
+        part = tables[:, :width] if len(group) == rows else tables[picked, :width]
         padded = np.zeros((len(picked), width), np.int32)
         padded[:, : part.shape[1]] = part
-        calls.append(_decode_call(None if len(alone) == rows else picked, len(alone), padded, lens[picked], []))
+        calls.append(_decode_call(None if len(group) == rows else picked, len(group), padded, lens[picked], []))
     return DecodePlan(lengths, starts, calls, [])
+
+
+def _width_groups(widths: np.ndarray) -> list[np.ndarray]:
+    """`cpu_decode_calls.width_groups` over arrays: the indices of `widths` in groups of one kernel call each,
+    split where that saves MIN_SAVING of a group's padded work, largest saving first (one group: in order)."""
+    groups = [np.argsort(widths, kind="stable")]
+    while len(groups) < MAX_GROUPS:
+        best = None  # (saving, group, split)
+        for g, members in enumerate(groups):
+            sorted_widths, count = widths[members], len(members)
+            padded, k = count * sorted_widths[-1], np.arange(1, count)
+            saving = padded - k * sorted_widths[:-1] - (count - k) * sorted_widths[-1]
+            saving = np.where(saving >= MIN_SAVING * padded, saving, -1)
+            split = int(saving.argmax()) if count > 1 else 0
+            if count > 1 and saving[split] >= 0 and (best is None or saving[split] > best[0]):
+                best = (saving[split], g, split + 1)
+        if best is None:
+            break
+        _, g, split = best
+        members = groups.pop(g)
+        groups[g:g] = [members[:split], members[split:]]
+    return groups if len(groups) > 1 else [np.arange(len(widths))]
 
 
 def _decode_call(tokens, count, tables, lens, prefixes) -> DecodeCall:
@@ -174,25 +226,30 @@ def _decode_call(tokens, count, tables, lens, prefixes) -> DecodeCall:
     )
 
 
-def _sharing_groups(tables: np.ndarray, lens: np.ndarray, block_size: int) -> list | None:
+def _sharing_groups(tables: np.ndarray, lens: np.ndarray, block_size: int, sharing) -> list | None:
     """The (rows, shared blocks) that `reference.shared_prefixes` finds and `_worth_sharing` keeps, in the
-    general plan's order; None where more than MAX_FAST_GROUPS first blocks repeat (a loop per group there
-    costs what the general plan's loop per row does)."""
+    general plan's order; None where more than MAX_FAST_GROUPS groups could be worth sharing (a loop per group
+    there costs what the general plan's loop per row does). Groups too small or too short to be worth it even
+    if they shared every block short of their last tokens (pairs repeating a picture) cost no loop."""
     if len(set(tables[:, 0].tolist())) == len(tables):
         return []  # no two tables start with one block
     _, first_rows, group_of, counts = np.unique(
         tables[:, 0], return_index=True, return_inverse=True, return_counts=True
     )
-    repeated = np.flatnonzero(counts > 1)
-    if len(repeated) > MAX_FAST_GROUPS:
+    by_group = np.argsort(group_of, kind="stable")  # each group's rows together, in row order
+    firsts = np.cumsum(counts) - counts
+    most_shared = (np.minimum.reduceat(lens[by_group], firsts) - 1) // block_size * block_size  # positions
+    positions, spared = sharing
+    candidates = np.flatnonzero((counts > 1) & (most_shared >= positions) & ((counts - 1) * most_shared >= spared))
+    if len(candidates) > MAX_FAST_GROUPS:
         return None
     groups = []
-    for group in repeated[np.argsort(first_rows[repeated])]:
-        members = np.flatnonzero(group_of == group)
-        limit = int(lens[members].min() - 1) // block_size
+    for group in candidates[np.argsort(first_rows[candidates])]:
+        members = by_group[firsts[group] : firsts[group] + counts[group]]
+        limit = int(most_shared[group]) // block_size
         same = (tables[members, :limit] == tables[members[0], :limit]).all(axis=0)
         shared = limit if same.all() else int(np.argmin(same))
-        if _worth_sharing(members, shared, block_size):
+        if _worth_sharing(members, shared, block_size, sharing):
             groups.append((members, shared))
     return groups
 
@@ -212,16 +269,16 @@ _plans = threading.local()
 
 
 def _step_plan(
-    block_tables, seq_lens, query_start_loc, block_size: int, heads: tuple[int, int], native_chunks: bool
+    block_tables, seq_lens, query_start_loc, block_size: int, heads: tuple[int, int], native_chunks: bool, sharing
 ) -> DecodePlan:
     """Every layer of a step gets the same metadata tensors: plan once, for as long as the same
     objects hold the same contents (static buffers are updated in place: their version changes)."""
     inputs = (block_tables, seq_lens, query_start_loc)
-    key = tuple((id(t), t._version) for t in inputs) + (block_size, heads, native_chunks)
+    key = tuple((id(t), t._version) for t in inputs) + (block_size, heads, native_chunks, sharing)
     cached = getattr(_plans, "entry", None)
     if cached is None or cached[0] != key:
         # the tensors stay referenced beside their key, so that no other tensor can take their ids
-        plan = plan_decodes(block_tables, seq_lens, query_start_loc, block_size, heads, native_chunks)
+        plan = plan_decodes(block_tables, seq_lens, query_start_loc, block_size, heads, native_chunks, sharing)
         cached = _plans.entry = (key, inputs, plan)
     return cached[2]
 
@@ -267,7 +324,8 @@ def paged_attention(
         cpu_native.supports(query, k_cache)
         and prefix_kernel(k_cache.dtype, *heads, k_cache.shape[3], k_cache.shape[1]) == "native"
     )
-    plan = _step_plan(block_tables, seq_lens, query_start_loc, k_cache.shape[1], heads, native_chunks)
+    sharing = sharing_bounds(k_cache)
+    plan = _step_plan(block_tables, seq_lens, query_start_loc, k_cache.shape[1], heads, native_chunks, sharing)
     for call in plan.calls:
         call.run(query, k_cache, v_cache, scale, out)
     prefill_attention(query, k_cache, v_cache, block_tables, plan.lengths, plan.starts, scale, out, plan.long_chunks)

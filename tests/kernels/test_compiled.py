@@ -5,8 +5,10 @@ where compiling fails."""
 
 from __future__ import annotations
 
+import functools
 import logging
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,6 +16,8 @@ from engine import LLM, SamplingParams
 from pagedbatch_kernels import compiled, reference
 from pagedbatch_kernels.cpu import cpu_attention, cpu_decode, cpu_decode_calls, cpu_prefill
 from tests.kernels.test_reference import make_batch, naive, with_shared_prefixes
+
+general_plan = functools.partial(cpu_attention.plan_decodes, shortcut=False)
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
 
@@ -143,20 +147,28 @@ def test_decodes_sharing_prefix_blocks_equal_naive(heads, dtype):
     torch.testing.assert_close(got.double(), naive(**batch), atol=TOL[dtype], rtol=TOL[dtype])
 
 
-def test_small_shared_prefixes_go_whole_through_the_kernel(monkeypatch):
-    """A group goes apart only where it spares MIN_SHARED_READS position reads: decodes 0-3 share 2
-    blocks (3 rows x 32 positions spared), 4-5 one block (16 spared)."""
+def test_small_shared_prefixes_go_whole_through_the_kernel():
+    """A group goes apart only where its prefix has the least positions and spares the least reads: decodes
+    0-3 share 2 blocks (32 positions, 3 rows x 32 positions spared), 4-5 one block (16, 16 spared)."""
     case = ([1, 1, 1, 1, 1, 1, 1], [60, 48, 70, 40, 20, 31, 40])
     batch = with_shared_prefixes(make_batch(*case, 6, 2, torch.float32, seed=4))
-    for threshold, expected in [(16, [1, 2]), (17, [2]), (96, [2]), (97, [])]:
-        monkeypatch.setattr(cpu_attention, "MIN_SHARED_READS", threshold)
-        args = (batch["block_tables"], batch["seq_lens"], batch["query_start_loc"], 16, (6, 2))
-        plan = cpu_attention.plan_decodes(*args)
-        assert sorted(len(blocks) for c in plan.calls for _, _, blocks in c.prefixes) == expected
-        rows = {r for c in plan.calls for r in (c.tokens.tolist() if c.tokens is not None else range(7))}
-        assert rows == set(range(7))  # every decode in some call
+    args = (batch["block_tables"], batch["seq_lens"], batch["query_start_loc"], 16, (6, 2), False)
+    for sharing, expected in [((1, 16), [1, 2]), ((1, 17), [2]), ((1, 96), [2]), ((1, 97), []), ((17, 0), [2])]:
+        for plan in (cpu_attention.plan_decodes(*args, sharing), general_plan(*args, sharing)):
+            assert sorted(len(blocks) for c in plan.calls for _, _, blocks in c.prefixes) == expected, sharing
+            rows = {r for c in plan.calls for r in (c.tokens.tolist() if c.tokens is not None else range(7))}
+            assert rows == set(range(7))  # every decode in some call
+    assert not cpu_attention.plan_decodes(*args, (33, 0)).calls[0].prefixes
     got = cpu_attention.paged_attention(**batch)
     torch.testing.assert_close(got.double(), naive(**batch), atol=1e-5, rtol=1e-5)
+
+
+def test_the_sharing_bounds_follow_the_prefix_matmuls_dtype(monkeypatch):
+    monkeypatch.setattr(cpu_attention, "SHARING_BOUNDS", {True: (128, 100), False: (256, 100)})
+    pool = torch.empty(4, 16, 2, 64)
+    assert cpu_attention.sharing_bounds(pool) == (256, 100)
+    bf16 = cpu_prefill.matmul_dtype(torch.bfloat16) == torch.bfloat16
+    assert cpu_attention.sharing_bounds(pool.bfloat16()) == ((128, 100) if bf16 else (256, 100))
 
 
 def test_a_step_is_planned_once_for_all_its_layers_and_again_when_a_buffer_changes(monkeypatch):
@@ -334,11 +346,12 @@ def test_a_decode_step_is_planned_as_the_general_planning_plans_it(monkeypatch):
     taken = shared = 0
     for _ in range(300):
         tables, lengths = _decode_step(rng)
-        args = (tables, lengths, torch.arange(len(lengths) + 1, dtype=torch.int32), 16, (6, 2))
-        fast = cpu_attention._decodes_only(tables, lengths, list(range(len(lengths) + 1)), lengths.tolist(), 16)
-        with monkeypatch.context() as patched:
-            patched.setattr(cpu_attention, "_decodes_only", lambda *a: None)
-            general = cpu_attention.plan_decodes(*args)
+        sharing = [cpu_attention.SHARE_ANY, (32, 64), (64, 512)][int(torch.randint(0, 3, (1,), generator=rng))]
+        args = (tables, lengths, torch.arange(len(lengths) + 1, dtype=torch.int32), 16, (6, 2), False, sharing)
+        fast = cpu_attention._decodes_only(
+            tables, lengths, list(range(len(lengths) + 1)), lengths.tolist(), 16, sharing
+        )
+        general = general_plan(*args)
         if fast is not None:
             taken += 1
             shared += any(call.prefixes for call in fast.calls)
@@ -357,19 +370,35 @@ def test_a_decode_step_is_planned_as_the_general_planning_plans_it(monkeypatch):
     got = cpu_attention.paged_attention(**batch)
     expected = naive(**batch)
     assert (got.double() - expected).abs().max() / expected.abs().max() < 1e-5
-    widths = make_batch([1] * 6, [2, 300, 5, 290, 17, 3], 6, 2, torch.float32)  # split by width: stands aside
-    tables, lengths = widths["block_tables"], widths["seq_lens"]
-    assert cpu_attention._decodes_only(tables, lengths, list(range(7)), lengths.tolist(), 16) is None
+    widths = with_shared_prefixes(make_batch([1] * 7, [60, 48, 300, 40, 20, 31, 40], 6, 2, torch.float32))
+    tables, lengths = widths["block_tables"], widths["seq_lens"]  # the shared rows' call splits: stands aside
+    assert cpu_attention._decodes_only(tables, lengths, list(range(8)), lengths.tolist(), 16) is None
     chunk = make_batch([1, 3, 1], [40, 41, 45], 6, 2, torch.float32)  # a chunk of three: stands aside
     assert cpu_attention._decodes_only(chunk["block_tables"], chunk["seq_lens"], [0, 1, 4, 5], [41, 44, 46], 16) is None
 
 
-def test_the_plain_plan_keeps_one_call_exactly_where_width_groups_keeps_one_group():
+def test_a_step_sharing_nothing_goes_in_one_call_per_width_group():
+    """Or stands aside where the general plan would split a width group again (into parts of one call)."""
     rng = torch.Generator().manual_seed(3)
+    taken = 0
     for _ in range(200):
         rows = int(torch.randint(2, 40, (1,), generator=rng))
         lengths = torch.randint(1, int(torch.randint(2, 400, (1,), generator=rng)), (rows,), generator=rng)
         tables = torch.arange(rows * 30, dtype=torch.int32).view(rows, 30)  # distinct first blocks
-        plain = cpu_attention._decodes_only(tables, lengths.int(), list(range(rows + 1)), lengths.tolist(), 16)
-        groups = cpu_attention.width_groups([-(-n // 16) for n in lengths.tolist()])
-        assert (plain is not None) == (len(groups) == 1)
+        plan = cpu_attention._decodes_only(tables, lengths.int(), list(range(rows + 1)), lengths.tolist(), 16)
+        groups = cpu_decode_calls.width_groups([-(-n // 16) for n in lengths.tolist()])
+        if plan is None:
+            continue
+        taken += 1
+        assert len(plan.calls) == len(groups) and (plan.calls[0].tokens is None) == (len(groups) == 1)
+        assert _rows_of(plan) == _rows_of(general_plan(tables, lengths.int(), torch.arange(rows + 1), 16, (6, 2)))
+    assert taken >= 150
+
+
+def test_the_width_groups_over_arrays_are_the_general_ones():
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        widths = rng.integers(1, int(rng.integers(2, 40)), int(rng.integers(1, 60)))
+        general = cpu_decode_calls.width_groups(widths.tolist())
+        ours = [group.tolist() for group in cpu_attention._width_groups(widths)]
+        assert ours == (general if len(general) > 1 else [list(range(len(widths)))])
