@@ -20,14 +20,8 @@ import torch
 
 from pagedbatch_kernels import reference
 from pagedbatch_kernels.cpu import cpu_native
-from pagedbatch_kernels.cpu.cpu_decode_calls import (
-    MAX_GROUPS,
-    MIN_SAVING,
-    DecodeCall,
-    DecodePlan,
-    build_call,
-    width_groups,
-)
+from pagedbatch_kernels.cpu.cpu_decode_calls import DecodeCall, DecodePlan, build_call, width_groups
+from pagedbatch_kernels.cpu.cpu_decode_shortcut import MIN_SHORTCUT_ROWS, single_token_calls, worth_sharing
 from pagedbatch_kernels.cpu.cpu_prefill import matmul_dtype, prefill_attention
 from pagedbatch_kernels.cpu.cpu_prefix import prefix_kernel
 from pagedbatch_kernels.cpu.cpu_window import banded_attention
@@ -44,18 +38,11 @@ SHORT_CHUNK = 64
 # workload (8 prompts of 512 tokens, ~32 rows each: apart is 6-9 % faster there, in both dtypes).
 SHARING_BOUNDS = {True: (128, 128), False: (256, 128)}
 SHARE_ANY = (1, 0)  # every shared block goes apart
-MAX_FAST_GROUPS = 8
 
 
 def sharing_bounds(k_cache: torch.Tensor) -> tuple[int, int]:
     """(least shared positions, least spared position reads) for a group's prefix to go apart, for this pool."""
     return SHARING_BOUNDS[matmul_dtype(k_cache.dtype) == torch.bfloat16]
-
-
-def _worth_sharing(members, shared: int, block_size: int, sharing: tuple[int, int]) -> bool:
-    """Whether a group's shared prefix goes apart (`sharing`: least shared positions and spared position reads)."""
-    positions, spared = sharing
-    return shared > 0 and shared * block_size >= positions and (len(members) - 1) * shared * block_size >= spared
 
 
 def plan_decodes(
@@ -72,15 +59,47 @@ def plan_decodes(
     SHORT_CHUNK tokens (each token a row of its own, its context ending at its position), the
     chunks' rows batched by chunk (`cpu_chunks`, or the native span kernel where `native_chunks`);
     `heads` are (query heads, KV heads); `sharing` says which shared prefixes go apart (`sharing_bounds`).
-    A plain decode step takes a shortcut to the same plan (`_decodes_only`); `shortcut=False` plans it the
-    general way (for the comparisons)."""
+    A decode step takes a shortcut to the same plan over arrays (`cpu_decode_shortcut`), and so do the decodes
+    of a step beside its prompt chunks (then a prefix shared by decodes and chunks is not taken apart);
+    `shortcut=False` plans every step the general way (for the comparisons)."""
     starts, lengths = query_start_loc.tolist(), seq_lens.tolist()
-    plain = _decodes_only(block_tables, seq_lens, starts, lengths, block_size, sharing) if shortcut else None
-    if plain is not None:
-        return plain
+    if shortcut and block_tables.device.type == "cpu" and query_start_loc.device.type == "cpu":
+        plan = _shortcut_plan(block_tables, seq_lens, query_start_loc, block_size, heads, native_chunks, sharing)
+        if plan is not None:
+            return plan
     seqs = [i for i in range(len(lengths)) if 1 <= starts[i + 1] - starts[i] <= SHORT_CHUNK]
+    calls = _general_calls(seqs, block_tables, starts, lengths, block_size, heads, native_chunks, sharing)
+    long_chunks = [i for i in range(len(lengths)) if starts[i + 1] - starts[i] > SHORT_CHUNK]
+    return DecodePlan(lengths, starts, calls, long_chunks)
+
+
+def _shortcut_plan(block_tables, seq_lens, query_start_loc, block_size, heads, native_chunks, sharing):
+    """A decode step's plan, or a step's decodes' calls beside its chunks' general ones, through
+    `cpu_decode_shortcut`; None where that stands aside or the step has few decodes."""
+    starts, lengths = query_start_loc.tolist(), seq_lens.tolist()
+    q_lens = np.diff(query_start_loc.numpy())
+    singles = np.flatnonzero(q_lens == 1)
+    tables, lens = block_tables.numpy(), seq_lens.numpy().astype(np.int64)
+    if len(singles) == len(lengths) >= 2:  # a decode step: the general plan's calls, over arrays
+        calls = single_token_calls(tables, lens, None, block_size, sharing)
+        return None if calls is None else DecodePlan(lengths, starts, calls, [])
+    if len(singles) < MIN_SHORTCUT_ROWS:
+        return None
+    positions = query_start_loc.numpy()[singles].astype(np.int64)
+    calls = single_token_calls(tables[singles], lens[singles], positions, block_size, sharing)
+    if calls is None:
+        return None
+    chunks = np.flatnonzero((q_lens > 1) & (q_lens <= SHORT_CHUNK)).tolist()
+    calls += _general_calls(chunks, block_tables, starts, lengths, block_size, heads, native_chunks, sharing)
+    return DecodePlan(lengths, starts, calls, np.flatnonzero(q_lens > SHORT_CHUNK).tolist())
+
+
+def _general_calls(seqs, block_tables, starts, lengths, block_size, heads, native_chunks, sharing) -> list[DecodeCall]:
+    """The calls of the queries of `seqs` (chunks of at most SHORT_CHUNK tokens), row by row in Python."""
+    if not seqs:
+        return []
     device = block_tables.device
-    seq_tables = block_tables.index_select(0, torch.tensor(seqs, device=device)).tolist() if seqs else []
+    seq_tables = block_tables.index_select(0, torch.tensor(seqs, device=device)).tolist()
     tokens, tables, row_lens, row_seqs = [], [], [], []  # per row
     for i, table in zip(seqs, seq_tables):
         q_len = starts[i + 1] - starts[i]
@@ -92,7 +111,7 @@ def plan_decodes(
     groups = reference.shared_prefixes(tables, row_lens, block_size)
     calls = []
     shared_rows = [
-        (members, shared) for members, shared in groups if _worth_sharing(members, shared, block_size, sharing)
+        (members, shared) for members, shared in groups if worth_sharing(members, shared, block_size, sharing)
     ]
     if shared_rows:  # every group's tails in one call, each group's prefix merged in after
         rows, tails, prefixes = [], [], []
@@ -146,123 +165,7 @@ def plan_decodes(
                 native_chunks=native_chunks,
             )
         )
-    long_chunks = [i for i in range(len(lengths)) if starts[i + 1] - starts[i] > SHORT_CHUNK]
-    return DecodePlan(lengths, starts, calls, long_chunks)
-
-
-def _decodes_only(block_tables, seq_lens, starts, lengths, block_size: int, sharing=SHARE_ANY) -> DecodePlan | None:
-    """The plan that the general one comes to for a decode step (every query one token), without its
-    per-row Python: the rows of groups worth sharing their first blocks (`_sharing_groups`) in one call,
-    each group's prefix apart, and the other rows in calls of their own by width (`_width_groups`; the whole
-    step in one where nothing is shared or split). None where the shared rows' call would split by width,
-    where many groups share, and for any other step."""
-    rows = len(lengths)
-    if rows < 2 or starts != list(range(rows + 1)) or block_tables.device.type != "cpu":
-        return None
-    tables, lens = block_tables.numpy(), seq_lens.numpy().astype(np.int64)
-    groups = _sharing_groups(tables, lens, block_size, sharing)
-    if groups is None:
-        return None
-    calls, alone = [], np.arange(rows)
-    if groups:
-        members = np.concatenate([m for m, _ in groups])
-        tails = lens[members] - np.concatenate([np.full(len(m), shared) for m, shared in groups]) * block_size
-        width = _one_width_group(-(-tails // block_size))
-        if width is None:
-            return None
-        tail_tables, prefixes, first = np.zeros((len(members), width), np.int32), [], 0
-        for m, shared in groups:
-            part = tables[m, shared : shared + width]
-            tail_tables[first : first + len(m), : part.shape[1]] = part
-            prefixes.append((first, first + len(m), torch.from_numpy(tables[m[0], :shared].astype(np.int64))))
-            first += len(m)
-        calls.append(_decode_call(members, len(members), tail_tables, tails, prefixes))
-        outside = np.ones(rows, dtype=bool)
-        outside[members] = False
-        alone = np.flatnonzero(outside)
-    widths = -(-lens[alone] // block_size)
-    groups = _width_groups(widths) if len(alone) else []
-    if len(groups) > 1 and any(_one_width_group(widths[group]) is None for group in groups):
-        return None  # the general plan splits a group again, into parts of one call
-    for group in groups:
-        width = max(2, int(widths[group].max()))
-        picked = alone[group] if len(group) > 1 else np.repeat(alone[group], 2)  # one would be compiled apart
-        part = tables[:, :width] if len(group) == rows else tables[picked, :width]
-        padded = np.zeros((len(picked), width), np.int32)
-        padded[:, : part.shape[1]] = part
-        calls.append(_decode_call(None if len(group) == rows else picked, len(group), padded, lens[picked], []))
-    return DecodePlan(lengths, starts, calls, [])
-
-
-def _width_groups(widths: np.ndarray) -> list[np.ndarray]:
-    """`cpu_decode_calls.width_groups` over arrays: the indices of `widths` in groups of one kernel call each,
-    split where that saves MIN_SAVING of a group's padded work, largest saving first (one group: in order)."""
-    groups = [np.argsort(widths, kind="stable")]
-    while len(groups) < MAX_GROUPS:
-        best = None  # (saving, group, split)
-        for g, members in enumerate(groups):
-            sorted_widths, count = widths[members], len(members)
-            padded, k = count * sorted_widths[-1], np.arange(1, count)
-            saving = padded - k * sorted_widths[:-1] - (count - k) * sorted_widths[-1]
-            saving = np.where(saving >= MIN_SAVING * padded, saving, -1)
-            split = int(saving.argmax()) if count > 1 else 0
-            if count > 1 and saving[split] >= 0 and (best is None or saving[split] > best[0]):
-                best = (saving[split], g, split + 1)
-        if best is None:
-            break
-        _, g, split = best
-        members = groups.pop(g)
-        groups[g:g] = [members[:split], members[split:]]
-    return groups if len(groups) > 1 else [np.arange(len(widths))]
-
-
-def _decode_call(tokens, count, tables, lens, prefixes) -> DecodeCall:
-    return DecodeCall(
-        tokens=None if tokens is None else torch.from_numpy(tokens),
-        count=count,
-        tables=torch.from_numpy(tables),
-        lens=torch.from_numpy(lens.astype(np.int32)),
-        prefixes=prefixes,
-    )
-
-
-def _sharing_groups(tables: np.ndarray, lens: np.ndarray, block_size: int, sharing) -> list | None:
-    """The (rows, shared blocks) that `reference.shared_prefixes` finds and `_worth_sharing` keeps, in the
-    general plan's order; None where more than MAX_FAST_GROUPS groups could be worth sharing (a loop per group
-    there costs what the general plan's loop per row does). Groups too small or too short to be worth it even
-    if they shared every block short of their last tokens (pairs repeating a picture) cost no loop."""
-    if len(set(tables[:, 0].tolist())) == len(tables):
-        return []  # no two tables start with one block
-    _, first_rows, group_of, counts = np.unique(
-        tables[:, 0], return_index=True, return_inverse=True, return_counts=True
-    )
-    by_group = np.argsort(group_of, kind="stable")  # each group's rows together, in row order
-    firsts = np.cumsum(counts) - counts
-    most_shared = (np.minimum.reduceat(lens[by_group], firsts) - 1) // block_size * block_size  # positions
-    positions, spared = sharing
-    candidates = np.flatnonzero((counts > 1) & (most_shared >= positions) & ((counts - 1) * most_shared >= spared))
-    if len(candidates) > MAX_FAST_GROUPS:
-        return None
-    groups = []
-    for group in candidates[np.argsort(first_rows[candidates])]:
-        members = by_group[firsts[group] : firsts[group] + counts[group]]
-        limit = int(most_shared[group]) // block_size
-        same = (tables[members, :limit] == tables[members[0], :limit]).all(axis=0)
-        shared = limit if same.all() else int(np.argmin(same))
-        if _worth_sharing(members, shared, block_size, sharing):
-            groups.append((members, shared))
-    return groups
-
-
-def _one_width_group(widths: np.ndarray) -> int | None:
-    """The call's table width where `width_groups` keeps these rows in one group (its first split, over
-    arrays: no split saves MIN_SAVING of the padded work), else None."""
-    widths = np.sort(widths)
-    rows = len(widths)
-    padded, k = rows * widths[-1], np.arange(1, rows)
-    if (padded - k * widths[:-1] - (rows - k) * widths[-1] >= MIN_SAVING * padded).any():
-        return None
-    return max(2, int(widths[-1]))
+    return calls
 
 
 _plans = threading.local()

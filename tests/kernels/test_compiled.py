@@ -14,7 +14,8 @@ import torch
 
 from engine import LLM, SamplingParams
 from pagedbatch_kernels import compiled, reference
-from pagedbatch_kernels.cpu import cpu_attention, cpu_decode, cpu_decode_calls, cpu_prefill
+from pagedbatch_kernels.cpu import cpu_attention, cpu_decode, cpu_decode_calls, cpu_decode_shortcut, cpu_prefill
+from pagedbatch_kernels.cpu.cpu_decode_calls import DecodePlan
 from tests.kernels.test_reference import make_batch, naive, with_shared_prefixes
 
 general_plan = functools.partial(cpu_attention.plan_decodes, shortcut=False)
@@ -324,6 +325,13 @@ def _run(plan, batch):
     return out
 
 
+def shortcut(tables, lengths, sharing=cpu_attention.SHARE_ANY):
+    """The shortcut's plan of a decode step, or None where it stands aside."""
+    calls = cpu_decode_shortcut.single_token_calls(tables.numpy(), lengths.numpy().astype(np.int64), None, 16, sharing)
+    rows = len(lengths)
+    return None if calls is None else DecodePlan(lengths.tolist(), list(range(rows + 1)), calls, [])
+
+
 def _decode_step(rng, block_size=16):
     """Random decodes over random tables, some groups of rows starting with the same blocks (a shared
     system prompt, a repeated picture, sibling samples), some of them too short to share."""
@@ -348,9 +356,7 @@ def test_a_decode_step_is_planned_as_the_general_planning_plans_it(monkeypatch):
         tables, lengths = _decode_step(rng)
         sharing = [cpu_attention.SHARE_ANY, (32, 64), (64, 512)][int(torch.randint(0, 3, (1,), generator=rng))]
         args = (tables, lengths, torch.arange(len(lengths) + 1, dtype=torch.int32), 16, (6, 2), False, sharing)
-        fast = cpu_attention._decodes_only(
-            tables, lengths, list(range(len(lengths) + 1)), lengths.tolist(), 16, sharing
-        )
+        fast = shortcut(tables, lengths, sharing)
         general = general_plan(*args)
         if fast is not None:
             taken += 1
@@ -372,9 +378,10 @@ def test_a_decode_step_is_planned_as_the_general_planning_plans_it(monkeypatch):
     assert (got.double() - expected).abs().max() / expected.abs().max() < 1e-5
     widths = with_shared_prefixes(make_batch([1] * 7, [60, 48, 300, 40, 20, 31, 40], 6, 2, torch.float32))
     tables, lengths = widths["block_tables"], widths["seq_lens"]  # the shared rows' call splits: stands aside
-    assert cpu_attention._decodes_only(tables, lengths, list(range(8)), lengths.tolist(), 16) is None
-    chunk = make_batch([1, 3, 1], [40, 41, 45], 6, 2, torch.float32)  # a chunk of three: stands aside
-    assert cpu_attention._decodes_only(chunk["block_tables"], chunk["seq_lens"], [0, 1, 4, 5], [41, 44, 46], 16) is None
+    assert shortcut(tables, lengths) is None
+    chunk = make_batch([1, 3, 1], [40, 41, 45], 6, 2, torch.float32)  # a chunk beside two decodes: stands aside
+    args = (chunk["block_tables"], chunk["seq_lens"], chunk["query_start_loc"], 16, (6, 2), False, (1, 0))
+    assert cpu_attention._shortcut_plan(*args) is None
 
 
 def test_a_step_sharing_nothing_goes_in_one_call_per_width_group():
@@ -385,7 +392,7 @@ def test_a_step_sharing_nothing_goes_in_one_call_per_width_group():
         rows = int(torch.randint(2, 40, (1,), generator=rng))
         lengths = torch.randint(1, int(torch.randint(2, 400, (1,), generator=rng)), (rows,), generator=rng)
         tables = torch.arange(rows * 30, dtype=torch.int32).view(rows, 30)  # distinct first blocks
-        plan = cpu_attention._decodes_only(tables, lengths.int(), list(range(rows + 1)), lengths.tolist(), 16)
+        plan = shortcut(tables, lengths.int())
         groups = cpu_decode_calls.width_groups([-(-n // 16) for n in lengths.tolist()])
         if plan is None:
             continue
@@ -400,5 +407,30 @@ def test_the_width_groups_over_arrays_are_the_general_ones():
     for _ in range(2000):
         widths = rng.integers(1, int(rng.integers(2, 40)), int(rng.integers(1, 60)))
         general = cpu_decode_calls.width_groups(widths.tolist())
-        ours = [group.tolist() for group in cpu_attention._width_groups(widths)]
+        ours = [group.tolist() for group in cpu_decode_shortcut.width_groups(widths)]
         assert ours == (general if len(general) > 1 else [list(range(len(widths)))])
+
+
+def test_the_decodes_beside_prompt_chunks_take_the_shortcut():
+    """A step of decodes and prompt chunks: the decodes' calls over arrays, the chunks' the general way (the long
+    one to the prompt kernel); every token in exactly one place, and the attention the naive one."""
+    rng = torch.Generator().manual_seed(5)
+    for seed in range(6):
+        q_lens = [1] * 20 + [3, 17, 100]
+        order = torch.randperm(len(q_lens), generator=rng).tolist()
+        q_lens = [q_lens[i] for i in order]
+        contexts = [60 + int(torch.randint(0, 16, (1,), generator=rng)) if q == 1 else 0 for q in q_lens]
+        batch = make_batch(q_lens, [c + (q == 1) * 8 for c, q in zip(contexts, q_lens)], 6, 2, torch.float32, seed=seed)
+        decodes = [i for i, q in enumerate(q_lens) if q == 1]
+        batch["block_tables"][decodes[1:6], :2] = batch["block_tables"][decodes[0], :2]  # a shared prefix
+        args = (batch["block_tables"], batch["seq_lens"], batch["query_start_loc"], 16, (6, 2), False, (1, 0))
+        assert cpu_attention._shortcut_plan(*args) is not None
+        plan = cpu_attention.plan_decodes(*args)
+        starts = batch["query_start_loc"].tolist()
+        covered = [t for call in plan.calls for t in (call.tokens[: call.count].tolist())]
+        covered += [t for i in plan.long_chunks for t in range(starts[i], starts[i + 1])]
+        assert sorted(covered) == list(range(starts[-1])) and plan.long_chunks == [q_lens.index(100)]
+        assert any(call.prefixes for call in plan.calls)
+        got = cpu_attention.paged_attention(**batch)
+        expected = naive(**batch)
+        assert (got.double() - expected).abs().max() / expected.abs().max() < 1e-5
