@@ -21,7 +21,12 @@ import torch
 from pagedbatch_kernels import reference
 from pagedbatch_kernels.cpu import cpu_native
 from pagedbatch_kernels.cpu.cpu_decode_calls import DecodeCall, DecodePlan, build_call, width_groups
-from pagedbatch_kernels.cpu.cpu_decode_shortcut import MIN_SHORTCUT_ROWS, single_token_calls, worth_sharing
+from pagedbatch_kernels.cpu.cpu_decode_shortcut import (
+    MIN_SHORTCUT_ROWS,
+    chunk_spans_call,
+    single_token_calls,
+    worth_sharing,
+)
 from pagedbatch_kernels.cpu.cpu_prefill import matmul_dtype, prefill_attention
 from pagedbatch_kernels.cpu.cpu_prefix import prefix_kernel
 from pagedbatch_kernels.cpu.cpu_window import banded_attention
@@ -74,23 +79,32 @@ def plan_decodes(
 
 
 def _shortcut_plan(block_tables, seq_lens, query_start_loc, block_size, heads, native_chunks, sharing):
-    """A decode step's plan, or a step's decodes' calls beside its chunks' general ones, through
-    `cpu_decode_shortcut`; None where that stands aside or the step has few decodes."""
+    """A step's plan with its decodes' calls, and where the native span kernel takes them its short chunks',
+    through `cpu_decode_shortcut`; the chunks the general way beside many decodes; None where the shortcut
+    stands aside (or there are few decodes and the chunks cannot go through it)."""
     starts, lengths = query_start_loc.tolist(), seq_lens.tolist()
-    q_lens = np.diff(query_start_loc.numpy())
+    offsets = query_start_loc.numpy().astype(np.int64)
+    q_lens = np.diff(offsets)
     singles = np.flatnonzero(q_lens == 1)
     tables, lens = block_tables.numpy(), seq_lens.numpy().astype(np.int64)
     if len(singles) == len(lengths) >= 2:  # a decode step: the general plan's calls, over arrays
         calls = single_token_calls(tables, lens, None, block_size, sharing)
         return None if calls is None else DecodePlan(lengths, starts, calls, [])
-    if len(singles) < MIN_SHORTCUT_ROWS:
+    calls = []
+    if len(singles):
+        calls = single_token_calls(tables[singles], lens[singles], offsets[singles], block_size, sharing)
+        if calls is None:
+            return None
+    chunks = np.flatnonzero((q_lens > 1) & (q_lens <= SHORT_CHUNK))
+    spans = chunk_spans_call(tables, lens, offsets, chunks, block_size, sharing) if native_chunks else None
+    if spans is not None or not len(chunks):
+        calls += [spans] if spans is not None else []
+    elif len(singles) >= MIN_SHORTCUT_ROWS:
+        calls += _general_calls(
+            chunks.tolist(), block_tables, starts, lengths, block_size, heads, native_chunks, sharing
+        )
+    else:
         return None
-    positions = query_start_loc.numpy()[singles].astype(np.int64)
-    calls = single_token_calls(tables[singles], lens[singles], positions, block_size, sharing)
-    if calls is None:
-        return None
-    chunks = np.flatnonzero((q_lens > 1) & (q_lens <= SHORT_CHUNK)).tolist()
-    calls += _general_calls(chunks, block_tables, starts, lengths, block_size, heads, native_chunks, sharing)
     return DecodePlan(lengths, starts, calls, np.flatnonzero(q_lens > SHORT_CHUNK).tolist())
 
 

@@ -1,8 +1,10 @@
-"""The calls of a step's single-token queries (decodes), planned over arrays: what `cpu_attention`'s general
-planning comes to for them, without its Python per row (0.6-0.8 ms a step at 256 rows there, 0.05-0.15 here).
-The rows of groups worth sharing their first blocks go in one call, each group's prefix apart; the others in
-calls of their own by width. Where the general planning would do more (split the shared rows' call by width, or
-a width group again into parts, or where many groups could share), the shortcut stands aside (None).
+"""The calls of a step's single-token queries (decodes) and short prompt chunks, planned over arrays: what
+`cpu_attention`'s general planning comes to for them, without its Python per row (a decode step of 256 rows:
+0.6-0.8 ms there, 0.05-0.15 here; a step of 200 prompts of 30 tokens: ~12 ms there). The decodes of groups worth
+sharing their first blocks go in one call, each group's prefix apart; the others in calls of their own by width;
+the chunks in one call of the native span kernel. Where the general planning would do more (split the shared
+rows' call by width, or a width group again into parts; a group of chunk rows worth sharing; many groups that
+could share), the shortcut stands aside (None).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from pagedbatch_kernels.cpu import cpu_native
 from pagedbatch_kernels.cpu.cpu_decode_calls import MAX_GROUPS, MIN_SAVING, DecodeCall
 
 MAX_FAST_GROUPS = 8  # more groups that could share: a loop per group costs what the general loop per row does
@@ -65,6 +68,43 @@ def single_token_calls(
         padded[:, : part.shape[1]] = part
         calls.append(_call(None if whole else tokens(picked), len(group), padded, lens[picked], []))
     return calls
+
+
+def chunk_spans_call(
+    tables: np.ndarray, lens: np.ndarray, offsets: np.ndarray, seqs: np.ndarray, block_size: int, sharing
+) -> DecodeCall | None:
+    """The call of the short prompt chunks of `seqs` (a row per token, each chunk a span of the native span
+    kernel, its token j seeing its context up to itself), as the general planning makes it where no group of
+    their rows is worth sharing its first blocks; None where one could be (the general way then)."""
+    if not len(seqs):
+        return None
+    q_lens = offsets[seqs + 1] - offsets[seqs]
+    contexts = lens[seqs] - q_lens  # positions before each chunk: a chunk's rows share its table's blocks up to there
+    _, group_of = np.unique(tables[seqs, 0], return_inverse=True)
+    rows = np.bincount(group_of, weights=q_lens).astype(np.int64)
+    fewest = np.full(len(rows), np.iinfo(np.int64).max)
+    np.minimum.at(fewest, group_of, contexts)
+    most_shared = fewest // block_size * block_size  # the first row of each group sees its context and itself
+    positions, spared = sharing
+    if ((rows > 1) & (most_shared >= positions) & ((rows - 1) * most_shared >= spared)).any():
+        return None
+    firsts = np.cumsum(q_lens) - q_lens
+    within = np.arange(int(q_lens.sum())) - np.repeat(firsts, q_lens)  # each row's place in its chunk
+    count = len(within)
+    call = DecodeCall(
+        tokens=torch.from_numpy(np.repeat(offsets[seqs], q_lens) + within),
+        count=count,
+        tables=None,
+        lens=torch.from_numpy((np.repeat(contexts, q_lens) + 1 + within).astype(np.int32)),
+        prefixes=[],
+    )
+    call.span_rows = call.order = torch.arange(count)
+    call.spans = cpu_native.Spans(
+        tables=torch.from_numpy(tables[seqs].astype(np.int32)),
+        bounds=torch.from_numpy(np.stack([firsts, firsts + q_lens], axis=1).astype(np.int32)),
+        lengths=call.lens,
+    )
+    return call
 
 
 def _call(tokens, count, tables, lens, prefixes) -> DecodeCall:

@@ -434,3 +434,30 @@ def test_the_decodes_beside_prompt_chunks_take_the_shortcut():
         got = cpu_attention.paged_attention(**batch)
         expected = naive(**batch)
         assert (got.double() - expected).abs().max() / expected.abs().max() < 1e-5
+
+
+def test_short_prompt_chunks_go_through_the_shortcut_as_the_general_plan_sends_them():
+    """Steps of short prompt chunks (fresh or after a cached context) beside any number of decodes, where the
+    native span kernel takes chunks: the shortcut's calls give the general plan's attention bit for bit, or
+    it stands aside where a group of chunk rows is worth sharing its blocks."""
+    rng = torch.Generator().manual_seed(8)
+    sharing, taken = (256, 128), 0
+    for case in range(40):
+        prompts = int(torch.randint(1, 12, (1,), generator=rng))
+        decodes = int(torch.randint(0, 24, (1,), generator=rng))
+        q_lens = torch.randint(2, 65, (prompts,), generator=rng).tolist() + [1] * decodes + [80] * (case % 3 == 0)
+        order = torch.randperm(len(q_lens), generator=rng).tolist()
+        q_lens = [q_lens[i] for i in order]
+        contexts = [int(torch.randint(0, 300 if q > 1 else 100, (1,), generator=rng)) for q in q_lens]
+        batch = make_batch(q_lens, contexts, 6, 2, torch.float32, seed=case)
+        args = (batch["block_tables"], batch["seq_lens"], batch["query_start_loc"], 16, (6, 2), True, sharing)
+        fast = cpu_attention._shortcut_plan(*args)
+        general = general_plan(*args)
+        if fast is None:
+            continue
+        taken += 1
+        assert fast.long_chunks == general.long_chunks
+        assert torch.equal(_run(fast, batch), _run(general, batch))
+        got = cpu_attention.paged_attention(**batch)
+        torch.testing.assert_close(got.double(), naive(**batch), atol=1e-5, rtol=1e-5)
+    assert taken >= 25
