@@ -1,8 +1,9 @@
 """Decode steps over shared prefixes on the CPU, two tables.
 
 1. Host time to plan a step's attention (`cpu_attention.plan_decodes`, once per step): the shortcut over arrays
-   (`_decodes_only`) against the general per-row planning, side by side, on steps whose rows share nothing, one
-   system prompt, or one of four. The two plans are checked to be the same calls before they are timed.
+   (`cpu_decode_shortcut`) against the general per-row planning, side by side, on decode steps whose rows share
+   nothing, one system prompt, one of four, or a picture in pairs (the two plans checked to be the same calls
+   first), and on steps of prompts of 30 tokens (the native span kernel's chunks), with and without decodes.
 2. Whether a shared prefix should go apart (`cpu_attention.SHARING_BOUNDS`): two layers' attention of a step
    whose rows all share one prefix, the prefix read once per group and merged against every row whole through
    the decode kernel, by rows, prefix length, heads and dtype, and what the engine's bounds choose.
@@ -48,6 +49,16 @@ def step(rows: int, groups: int, shared: int, own: int):
     return tables, lengths, torch.arange(rows + 1, dtype=torch.int32)
 
 
+def prompt_step(prompts: int, tokens: int, decodes: int):
+    """`prompts` fresh prompt chunks of `tokens` tokens, then `decodes` decodes of 60 tokens of context."""
+    q_lens = [tokens] * prompts + [1] * decodes
+    lengths = torch.tensor([tokens] * prompts + [61] * decodes, dtype=torch.int32)
+    width = -(-int(lengths.max()) // BLOCK) + 1
+    tables = torch.arange(len(q_lens) * width, dtype=torch.int32).view(len(q_lens), width)
+    starts = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
+    return tables, lengths, starts
+
+
 def per_step(plan, repeat: int, rounds: int = 5) -> float:
     plan()
     best = float("inf")
@@ -81,6 +92,12 @@ def main() -> None:
             ours = per_step(lambda call=call: cpu_attention.plan_decodes(*call), args.repeat)
             theirs = per_step(lambda call=call: general_plan(*call), args.repeat)
             print(f"| {rows} | {name} | {ours * 1e3:.3f} | {theirs * 1e3:.3f} | {theirs / ours:.1f}x |")
+    for prompts, decodes in ((200, 0), (100, 100)):  # prompt steps: chunks of 30 tokens through the span kernel
+        call = (*prompt_step(prompts, 30, decodes), BLOCK, HEADS, True, cpu_attention.SHARING_BOUNDS[False])
+        ours = per_step(lambda call=call: cpu_attention.plan_decodes(*call), 20)
+        theirs = per_step(lambda call=call: general_plan(*call), 2)
+        name = f"{prompts} prompts of 30 tokens" + (f", {decodes} decodes" if decodes else "")
+        print(f"| {prompts * 30 + decodes} | {name} | {ours * 1e3:.3f} | {theirs * 1e3:.3f} | {theirs / ours:.1f}x |")
     if not args.skip_attention:
         attention_table()
 
