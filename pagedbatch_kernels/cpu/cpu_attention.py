@@ -64,14 +64,14 @@ def plan_decodes(
     SHORT_CHUNK tokens (each token a row of its own, its context ending at its position), the
     chunks' rows batched by chunk (`cpu_chunks`, or the native span kernel where `native_chunks`);
     `heads` are (query heads, KV heads); `sharing` says which shared prefixes go apart (`sharing_bounds`).
-    A decode step takes a shortcut to the same plan over arrays (`cpu_decode_shortcut`), and so do the decodes
-    of a step beside its prompt chunks (then a prefix shared by decodes and chunks is not taken apart);
-    `shortcut=False` plans every step the general way (for the comparisons)."""
-    starts, lengths = query_start_loc.tolist(), seq_lens.tolist()
+    A step's decodes and short chunks take a shortcut to the same calls over arrays (`_shortcut_plan`; a prefix
+    shared by a decode and a chunk of one step is then not taken apart); `shortcut=False` plans every step the
+    general way (for the comparisons)."""
     if shortcut and block_tables.device.type == "cpu" and query_start_loc.device.type == "cpu":
         plan = _shortcut_plan(block_tables, seq_lens, query_start_loc, block_size, heads, native_chunks, sharing)
         if plan is not None:
             return plan
+    starts, lengths = query_start_loc.tolist(), seq_lens.tolist()
     seqs = [i for i in range(len(lengths)) if 1 <= starts[i + 1] - starts[i] <= SHORT_CHUNK]
     calls = _general_calls(seqs, block_tables, starts, lengths, block_size, heads, native_chunks, sharing)
     long_chunks = [i for i in range(len(lengths)) if starts[i + 1] - starts[i] > SHORT_CHUNK]
@@ -96,15 +96,16 @@ def _shortcut_plan(block_tables, seq_lens, query_start_loc, block_size, heads, n
         if calls is None:
             return None
     chunks = np.flatnonzero((q_lens > 1) & (q_lens <= SHORT_CHUNK))
-    spans = chunk_spans_call(tables, lens, offsets, chunks, block_size, sharing) if native_chunks else None
-    if spans is not None or not len(chunks):
-        calls += [spans] if spans is not None else []
-    elif len(singles) >= MIN_SHORTCUT_ROWS:
-        calls += _general_calls(
-            chunks.tolist(), block_tables, starts, lengths, block_size, heads, native_chunks, sharing
-        )
-    else:
-        return None
+    if len(chunks):
+        spans = chunk_spans_call(tables, lens, offsets, chunks, block_size, sharing) if native_chunks else None
+        if spans is not None:
+            calls.append(spans)
+        elif len(singles) >= MIN_SHORTCUT_ROWS:
+            calls += _general_calls(
+                chunks.tolist(), block_tables, starts, lengths, block_size, heads, native_chunks, sharing
+            )
+        else:
+            return None
     return DecodePlan(lengths, starts, calls, np.flatnonzero(q_lens > SHORT_CHUNK).tolist())
 
 

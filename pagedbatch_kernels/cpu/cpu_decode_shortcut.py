@@ -45,10 +45,9 @@ def single_token_calls(
         width = _one_width_group(-(-tails // block_size))
         if width is None:
             return None
-        tail_tables, prefixes, first = np.zeros((len(members), width), np.int32), [], 0
+        tail_tables = np.concatenate([_columns(tables, m, shared, width) for m, shared in groups])
+        prefixes, first = [], 0
         for m, shared in groups:
-            part = tables[m, shared : shared + width]
-            tail_tables[first : first + len(m), : part.shape[1]] = part
             prefixes.append((first, first + len(m), torch.from_numpy(tables[m[0], :shared].astype(np.int64))))
             first += len(m)
         calls.append(_call(tokens(members), len(members), tail_tables, tails, prefixes))
@@ -63,11 +62,17 @@ def single_token_calls(
         width = max(2, int(widths[group].max()))
         picked = alone[group] if len(group) > 1 else np.repeat(alone[group], 2)  # one would be compiled apart
         whole = positions is None and len(group) == rows
-        part = tables[:, :width] if whole else tables[picked, :width]
-        padded = np.zeros((len(picked), width), np.int32)
-        padded[:, : part.shape[1]] = part
+        padded = _columns(tables, slice(None) if whole else picked, 0, width)
         calls.append(_call(None if whole else tokens(picked), len(group), padded, lens[picked], []))
     return calls
+
+
+def _columns(tables: np.ndarray, rows, first: int, width: int) -> np.ndarray:
+    """tables[rows, first : first + width] as int32, zero-padded to `width` columns."""
+    part = tables[rows, first : first + width]
+    padded = np.zeros((part.shape[0], width), np.int32)
+    padded[:, : part.shape[1]] = part
+    return padded
 
 
 def chunk_spans_call(
@@ -76,8 +81,6 @@ def chunk_spans_call(
     """The call of the short prompt chunks of `seqs` (a row per token, each chunk a span of the native span
     kernel, its token j seeing its context up to itself), as the general planning makes it where no group of
     their rows is worth sharing its first blocks; None where one could be (the general way then)."""
-    if not len(seqs):
-        return None
     q_lens = offsets[seqs + 1] - offsets[seqs]
     contexts = lens[seqs] - q_lens  # positions before each chunk: a chunk's rows share its table's blocks up to there
     _, group_of = np.unique(tables[seqs, 0], return_inverse=True)

@@ -13,7 +13,8 @@ Which of the two is faster depends on the CPU: PyTorch's flash SDPA (`pagedbatch
 and oneDNN's brgemm, which on an Intel Xeon with AMX ran 3-4x faster than the matmuls above.
 Where the native kernels are built, `cpu_native.span_attention` is a third choice (each sequence a
 span of rows over its block table). `prefill_attention` therefore times those usable here once per
-process and shape on a synthetic prompt (`calibrate`), and apart for steps of many short prompts, and keeps the fastest;
+process and shape on a synthetic prompt (`calibrate`), and apart for steps of many short prompts, and keeps the
+fastest;
 PAGEDBATCH_CPU_PREFILL=sdpa, =matmul or =native fixes the choice (sdpa where native cannot run).
 """
 
@@ -79,7 +80,8 @@ def prefill_attention(query, k_cache, v_cache, block_tables, lengths, starts, sc
     (`lengths` and `starts` as the host-side lists of seq_lens and query_start_loc), through the
     faster of SDPA and the matmuls on this CPU."""
     if seqs:
-        kind = "short" if len(seqs) >= MANY_PROMPTS and starts[-1] <= SHORT_MEAN * len(seqs) else "long"
+        tokens = sum(starts[i + 1] - starts[i] for i in seqs)
+        kind = "short" if len(seqs) >= MANY_PROMPTS and tokens <= SHORT_MEAN * len(seqs) else "long"
         kernel = _choice(query.dtype, query.shape[1], k_cache.shape[2], query.shape[2], k_cache.shape[1], kind)
         kernel(query, k_cache, v_cache, block_tables, lengths, starts, scale, out, seqs)
 
