@@ -19,6 +19,7 @@ from batchfile.lines import count_lines
 from batchfile.model_limits import ModelLimits
 from batchfile.parser import parse_requests
 from batchfile.request import ParsedRequest
+from engine.runner.gc_heap import frozen_heap
 from store.results.parquet import count_table, write_results
 from store.results.rows import error_row, request_failed_row, rows_to_table
 from workers.host import lora_adapters
@@ -81,14 +82,14 @@ def run_offline(
     with open(input_path, "rb") as f:
         total = count_lines(f).lines
     bar = _progress_bar(total, progress)
-    try:
-        with open(input_path, "rb") as f:
-            rows = _drive(engine, parse_requests(f, models, defaults=defaults), limits, started, bar, max_in_flight)
-    finally:
-        bar.close()
-
-    table = rows_to_table(rows)
-    path = write_results(str(output_path), table)
+    with frozen_heap():  # the engine's and the caller's objects are not walked by every full collection
+        try:
+            with open(input_path, "rb") as f:
+                rows = _drive(engine, parse_requests(f, models, defaults=defaults), limits, started, bar, max_in_flight)
+        finally:
+            bar.close()
+        table = rows_to_table(rows)
+        path = write_results(str(output_path), table)
     counts = count_table(table)
     return OfflineSummary(
         output_path=path,

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 
 from engine import LLMEngine
+from engine.runner.gc_heap import freeze_loaded_heap
 from settings import export, is_set
 from store.filestore.storage_health import StorageCollector
 from store.settings import Settings
@@ -79,6 +80,7 @@ def run_worker(
         export("PAGEDBATCH_STARTUP", "deferred")
     factory = load_engine_factory(engine_factory)
     host = EngineHost(lambda: factory(model=model_path, **engine_kwargs))
+    freeze_loaded_heap()  # the engine lives as long as this process: its objects need no more collecting
     if bookkeeping_nice:  # every thread started from here on yields to the engine's
         lower_this_thread(bookkeeping_nice)
     metrics = None
