@@ -226,6 +226,9 @@ CPU_STEPS = {
 }
 
 
+TOLERANCE = 1e-4
+
+
 @pytest.mark.parametrize("case", CPU_STEPS)
 def test_cpu_delta_matches_the_twin(base, adapters, case):
     """The CPU paths (per run of one adapter; every slot at once, masked per row) against the twin, on
@@ -248,8 +251,10 @@ def test_cpu_delta_matches_the_twin(base, adapters, case):
         layer = slots.layers[(0, module)]
         assert isinstance(layer, LoRALinear)
         x = torch.randn(sum(counts), layer.in_features)
-        expected = layer.base(x) + lora_delta(x, layer.lora_a, layer.lora_b, rows)
-        torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
+        delta = lora_delta(x, layer.lora_a, layer.lora_b, rows)
+        assert delta.abs().max() > 100 * TOLERANCE  # a wrong or missing delta cannot hide in the tolerance
+        # float32 sums in another order (oneDNN's AVX-512 kernels on a Xeon): ~1e-5 off on outputs near zero
+        torch.testing.assert_close(layer(x), layer.base(x) + delta, rtol=TOLERANCE, atol=TOLERANCE)
     slots.end_step()
     torch.testing.assert_close(layer(x), layer.base(x))
 
