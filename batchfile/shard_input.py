@@ -133,7 +133,11 @@ def encode_request(item: ParsedRequest) -> str:
     return _encode(record) + "\n"
 
 
-def decode_request(line: str | bytes) -> ParsedRequest:
+def decode_request(line: str | bytes, shared_params: dict[str, SamplingParams] | None = None) -> ParsedRequest:
+    """A shard-input line back as the request it was validated as. `shared_params`: a cache (one per shard
+    read) that gives lines with equal sampling parameters one `SamplingParams` (the engine only reads it, as
+    when `LLM.generate` takes one for many prompts): most lines of a shard share theirs, and building and
+    checking them again for each line was a third of reading a shard."""
     record = json.loads(line)
     if "inputs" in record:
         return ParsedRequest(
@@ -153,12 +157,22 @@ def decode_request(line: str | bytes) -> ParsedRequest:
         url=record["url"],
         model=record["model"],
         prompt_token_ids=record["prompt_token_ids"],
-        sampling_params=SamplingParams(**record["params"]),
+        sampling_params=_sampling_params(record["params"], shared_params),
         body={},
         options=record.get("options", {}),
         images=record.get("images"),
         prompt_text=record.get("prompt_text"),
     )
+
+
+def _sampling_params(fields: dict, shared: dict[str, SamplingParams] | None) -> SamplingParams:
+    if shared is None:
+        return SamplingParams(**fields)
+    key = repr(fields)  # encode_request writes the fields in one order: equal parameters, equal text
+    params = shared.get(key)
+    if params is None:
+        params = shared[key] = SamplingParams(**fields)
+    return params
 
 
 def _route(models, name: str) -> str:

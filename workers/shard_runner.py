@@ -91,8 +91,9 @@ def drain(host) -> int:
 
 def _read_requests(settings: Settings, key: str):
     def read():
+        shared_params: dict = {}
         with get_storage(settings.storage_url).open_read(key) as f:
-            return [decode_request(line) for line in f if line.strip()]
+            return [decode_request(line, shared_params) for line in f if line.strip()]
 
     return retrying(read, "reading a shard's input")
 
