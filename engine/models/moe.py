@@ -171,7 +171,8 @@ class Experts(nn.Module):
         native = padded and plain and self.ops.fused_moe is None and cpu_moe.takes(x, self.gate_up_proj, self.down_proj)
         self._pack(native)
         if native:
-            return cpu_moe.moe_packed(x, self.gate_up_proj, self.down_proj, weights, ids)
+            run = cpu_moe.moe_gemm if cpu_moe.prefers_gemm(x) else cpu_moe.moe_packed
+            return run(x, self.gate_up_proj, self.down_proj, weights, ids)
         if self.ops.fused_moe is not None and plain:
             return self.ops.fused_moe(x, self.gate_up_proj, self.down_proj, weights, ids)
         act = self.act or self.ops.silu_and_mul

@@ -12,11 +12,19 @@ register tile streams contiguous memory instead of T floats at a stride of N per
 
 from __future__ import annotations
 
+import functools
+
 import torch
+import torch.nn.functional as F
 
 from pagedbatch_kernels.cpu import cpu_native
+from pagedbatch_kernels.cpu.cpu_prefill import onednn_bf16
 
 DTYPES = (torch.float32, torch.bfloat16)
+# bfloat16 steps of at least this many tokens go through oneDNN's GEMMs where the CPU has AMX tiles (the
+# bench's Qwen3-MoE on a 2-core Xeon: 4,096 tokens 14 ms against the kernel's 74, 1,024: 6.6 against 17,
+# 512: 4.8 against 6.7, 256: 4.1 against 3.4)
+GEMM_TOKENS = 384
 
 
 def takes(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
@@ -102,3 +110,54 @@ def moe_experts(
     [E, 2I, H] (gate rows first), down [E, H, I], weights [T, k] and ids [T, k] of the router; [T, H] in
     x's dtype. For tensors that `takes` takes; packs the weights at every call (the engine packs once)."""
     return moe_packed(x, *pack_experts(gate_up, down), weights, ids)
+
+
+@functools.cache
+def _amx() -> bool:
+    check = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(check is not None and check()) and onednn_bf16()
+
+
+def prefers_gemm(x: torch.Tensor) -> bool:
+    """Whether a step's experts run faster through oneDNN's GEMMs (`moe_gemm`) than through the kernel: a
+    bfloat16 step of GEMM_TOKENS tokens or more on a CPU with AMX, whose tiles multiply bfloat16 several times
+    faster than the kernel's AVX-512 dot products. Elsewhere (float32; no AMX, as on the AMD EPYC) the kernel
+    was as fast or faster at every size measured (1..4,096 tokens)."""
+    return x.dtype == torch.bfloat16 and x.shape[0] >= GEMM_TOKENS and _amx()
+
+
+def moe_gemm(
+    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
+    """`moe_packed` through torch's GEMMs: the (token, choice) pairs grouped by expert, each chosen expert's
+    matrices unpacked (a copy of that expert's alone, never of all of them) and multiplied by its rows."""
+    tokens, hidden = x.shape
+    experts, inter = down.shape[0], down.shape[2]
+    flat = ids.reshape(-1).to(torch.int64)
+    if flat.numel() and not 0 <= int(flat.min()) <= int(flat.max()) < experts:
+        raise IndexError("an expert id past the experts")
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=experts).tolist()
+    rows = order // ids.shape[1]
+    scales = weights.reshape(-1).to(torch.float32)[order].unsqueeze(1)
+    picked = x[rows]
+    out = torch.zeros((tokens, hidden), dtype=torch.float32)
+    start = 0
+    for expert, count in enumerate(counts):
+        if not count:
+            continue
+        end = start + count
+        mine = F.pad(picked[start:end], (0, 0, 0, _bucket(count) - count))
+        gate, up = F.linear(mine, _unpack(gate_up[expert], inter).flatten(0, 1)).split(inter, dim=1)
+        done = F.linear(F.silu(gate) * up, _unpack(down[expert], hidden))[:count]
+        out.index_add_(0, rows[start:end], done.to(torch.float32) * scales[start:end])
+        start = end
+    return out.to(x.dtype)
+
+
+def _bucket(rows: int) -> int:
+    """`rows` rounded up to one of eight sizes per doubling (as `engine.runner.cpu_linear` pads its rows):
+    oneDNN builds a primitive for every shape it meets (0.3-0.7 ms), and an expert's row count changes at
+    every step; padded, they share a few dozen primitives, built once."""
+    step = 1 << max(rows.bit_length() - 4, 0)
+    return -(-rows // step) * step

@@ -165,6 +165,66 @@ def test_packed_experts_equal_grouped_and_unpack(dtype, monkeypatch):
     assert torch.equal(block.gate_up_proj, plain[0]) and torch.equal(block.down_proj, plain[1])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemm_experts_over_packed_weights_equal_grouped(dtype):
+    """Big bfloat16 steps on an AMX CPU run the packed experts through oneDNN's GEMMs, each chosen expert
+    unpacked alone: the same sums as the grouped path (outputs that are multiples of no tile, experts no
+    token chose), and the same refusal of an expert id past the experts."""
+    if cpu_native.library() is None:
+        pytest.skip("no native CPU kernels here")
+    g = torch.Generator().manual_seed(9)
+    experts, hidden, inter, k, tokens = 7, 100, 36, 3, 400
+    x = torch.randn(tokens, hidden, generator=g).to(dtype)
+    gate_up = (torch.randn(experts, 2 * inter, hidden, generator=g) * 0.2).to(dtype)
+    down = (torch.randn(experts, hidden, inter, generator=g) * 0.2).to(dtype)
+    weights, ids = route(torch.randn(tokens, experts - 2, generator=g), k, normalize=True)  # experts 5, 6 unused
+    packed = cpu_moe.pack_experts(gate_up, down)
+    got = cpu_moe.moe_gemm(x, *packed, weights, ids)
+    assert got.shape == (tokens, hidden) and got.dtype == dtype
+    want = grouped_experts(x, gate_up, down, weights, ids, silu_and_mul)
+    tol = dict(atol=2e-2, rtol=2**-7) if dtype == torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, want, **tol)
+    torch.testing.assert_close(got, cpu_moe.moe_packed(x, *packed, weights, ids), **tol)
+    with pytest.raises(IndexError):
+        cpu_moe.moe_gemm(x[:1], *packed, weights[:1], torch.full((1, k), experts))
+
+
+def test_gemm_experts_only_for_big_bfloat16_steps_on_amx(monkeypatch):
+    monkeypatch.setattr(cpu_moe, "_amx", lambda: True)
+    big = cpu_moe.GEMM_TOKENS
+    assert cpu_moe.prefers_gemm(torch.zeros(big, 8, dtype=torch.bfloat16))
+    assert not cpu_moe.prefers_gemm(torch.zeros(big - 1, 8, dtype=torch.bfloat16))  # the kernel is faster
+    assert not cpu_moe.prefers_gemm(torch.zeros(4 * big, 8))  # float32: the kernel at every size
+    monkeypatch.setattr(cpu_moe, "_amx", lambda: False)
+    assert not cpu_moe.prefers_gemm(torch.zeros(4 * big, 8, dtype=torch.bfloat16))
+
+
+def test_expert_block_takes_the_gemm_path_where_it_is_preferred(monkeypatch):
+    if cpu_native.library() is None:
+        pytest.skip("no native CPU kernels here")
+    from types import SimpleNamespace
+
+    from engine.models.moe import Experts
+
+    g = torch.Generator().manual_seed(11)
+    experts, hidden, inter, k, tokens = 4, 64, 32, 2, 40
+    block = Experts(experts, hidden, inter, SimpleNamespace(fused_moe=None, silu_and_mul=silu_and_mul))
+    block = block.to(torch.bfloat16)
+    with torch.no_grad():
+        block.gate_up_proj.copy_(torch.randn(experts, 2 * inter, hidden, generator=g) * 0.2)
+        block.down_proj.copy_(torch.randn(experts, hidden, inter, generator=g) * 0.2)
+    plain = block.gate_up_proj.detach().clone(), block.down_proj.detach().clone()
+    x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
+    weights, ids = route(torch.randn(tokens, experts, generator=g), k, normalize=True)
+    calls = []
+    monkeypatch.setattr(cpu_moe, "prefers_gemm", lambda rows: calls.append(len(rows)) or True)
+    monkeypatch.delenv("PAGEDBATCH_MOE_PATH", raising=False)
+    got = block(x, weights, ids)
+    assert calls == [tokens] and block.packed  # the packed weights, read by the GEMM path
+    want = grouped_experts(x, *plain, weights, ids, silu_and_mul)
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2**-7)
+
+
 @pytest.mark.parametrize("normalize", [False, True])
 def test_route_is_transformers_router(normalize):
     from transformers import Qwen2MoeConfig
