@@ -28,14 +28,22 @@ def test_frozen_heap_hides_existing_objects_then_lets_them_be_collected():
 
 
 def test_frozen_heap_leaves_a_freeze_made_by_someone_else_alone():
+    before = Node()
+    frozen_before = weakref.ref(before)
     gc.freeze()
     try:
-        frozen = gc.get_freeze_count()
+        del before
         with frozen_heap():
-            Node()
-        assert gc.get_freeze_count() == frozen  # neither thawed nor frozen further
+            inside = Node()
+            made_inside = weakref.ref(inside)
+            del inside
+        gc.collect()
+        assert frozen_before() is not None  # still frozen: the block thawed nothing of the owner's
+        assert made_inside() is None  # and froze nothing more
     finally:
         gc.unfreeze()
+    gc.collect()
+    assert frozen_before() is None
 
 
 def test_a_worker_freezes_what_its_loaded_engine_holds_for_good():
