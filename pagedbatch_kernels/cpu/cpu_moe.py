@@ -22,8 +22,8 @@ from pagedbatch_kernels.cpu.cpu_prefill import onednn_bf16
 
 DTYPES = (torch.float32, torch.bfloat16)
 # bfloat16 steps of at least this many tokens go through oneDNN's GEMMs where the CPU has AMX tiles (the
-# bench's Qwen3-MoE on a 2-core Xeon: 4,096 tokens 14 ms against the kernel's 74, 1,024: 6.6 against 17,
-# 512: 4.8 against 6.7, 256: 4.1 against 3.4)
+# bench's Qwen3-MoE on a 2-core Xeon, a layer: 4,100 tokens 16 ms against the kernel's 74, 2,000: 11 against
+# 34, 1,000: 8 against 17; at 512 rows of fixed shape 4.8 against 6.7, at 256 4.1 against 3.4)
 GEMM_TOKENS = 384
 
 
@@ -121,8 +121,9 @@ def _amx() -> bool:
 def prefers_gemm(x: torch.Tensor) -> bool:
     """Whether a step's experts run faster through oneDNN's GEMMs (`moe_gemm`) than through the kernel: a
     bfloat16 step of GEMM_TOKENS tokens or more on a CPU with AMX, whose tiles multiply bfloat16 several times
-    faster than the kernel's AVX-512 dot products. Elsewhere (float32; no AMX, as on the AMD EPYC) the kernel
-    was as fast or faster at every size measured (1..4,096 tokens)."""
+    faster than the kernel, which widens them to float32 for AVX-512 FMAs. Elsewhere the kernel stays: in
+    float32 the GEMMs were no faster at 1,024 tokens and ~15 % faster at 4,096 on that Xeon, slower below; on the
+    AMD EPYC (no AMX) the kernel was the fastest path at every size measured (1..4,096 tokens)."""
     return x.dtype == torch.bfloat16 and x.shape[0] >= GEMM_TOKENS and _amx()
 
 
