@@ -13,7 +13,8 @@ over tokens; on the CPU, `padded_experts` runs every expert's rows at once in tw
 over a zero-padded [experts, C, hidden] batch (where the padding stays small); where the native
 kernels are built, the SwiGLU experts without biases run in `pagedbatch_kernels.cpu.cpu_moe` instead
 (each chosen expert's weights read once for all its rows, the others not at all; faster than both at
-every step size measured, 1..4096 tokens). CUDA graphs stay off
+every step size measured, 1..4096 tokens), except bfloat16 prompt steps on a CPU with AMX, which its GEMMs
+multiply faster (`cpu_moe.prefers_gemm`). CUDA graphs stay off
 for MoE models for now (the fused path is graph-safe by construction but has not been run on a GPU
 here).
 """

@@ -18,21 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedbatch_kernels.cpu.cpu_prefill import onednn_bf16
+from pagedbatch_kernels.cpu.cpu_prefill import onednn_bf16, padded_rows
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 BATCH_HINT = 64  # oneDNN picks the packed layout for about this many rows; any count runs
-EXACT_ROWS = 8  # up to this many rows, every count is a size of its own
 WARM_ROWS = 512  # above this, building a primitive costs little beside running it
-
-
-def padded_rows(rows: int) -> int:
-    """The row count a call of `rows` rows runs with: `rows` rounded up to a multiple of an eighth
-    of the power of two below it (9..16 exact, then 18, 20, .., 32, 36, ..)."""
-    if rows <= EXACT_ROWS:
-        return rows
-    step = 1 << (rows.bit_length() - 4)
-    return -(-rows // step) * step
 
 
 def row_sizes(max_rows: int) -> list[int]:

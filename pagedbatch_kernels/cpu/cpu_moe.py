@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from pagedbatch_kernels.cpu import cpu_native
-from pagedbatch_kernels.cpu.cpu_prefill import onednn_bf16
+from pagedbatch_kernels.cpu.cpu_prefill import onednn_bf16, padded_rows
 
 DTYPES = (torch.float32, torch.bfloat16)
 # bfloat16 steps of at least this many tokens go through oneDNN's GEMMs where the CPU has AMX tiles (the
@@ -148,17 +148,9 @@ def moe_gemm(
         if not count:
             continue
         end = start + count
-        mine = F.pad(picked[start:end], (0, 0, 0, _bucket(count) - count))
+        mine = F.pad(picked[start:end], (0, 0, 0, padded_rows(count) - count))
         gate, up = F.linear(mine, _unpack(gate_up[expert], inter).flatten(0, 1)).split(inter, dim=1)
         done = F.linear(F.silu(gate) * up, _unpack(down[expert], hidden))[:count]
         out.index_add_(0, rows[start:end], done.to(torch.float32) * scales[start:end])
         start = end
     return out.to(x.dtype)
-
-
-def _bucket(rows: int) -> int:
-    """`rows` rounded up to one of eight sizes per doubling (as `engine.runner.cpu_linear` pads its rows):
-    oneDNN builds a primitive for every shape it meets (0.3-0.7 ms), and an expert's row count changes at
-    every step; padded, they share a few dozen primitives, built once."""
-    step = 1 << max(rows.bit_length() - 4, 0)
-    return -(-rows // step) * step

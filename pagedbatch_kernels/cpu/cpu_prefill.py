@@ -42,6 +42,19 @@ SHORT_PROMPT = 32
 CHOICE_ENV = "PAGEDBATCH_CPU_PREFILL"
 
 
+EXACT_ROWS = 8  # up to this many rows, every count is a size of its own
+
+
+def padded_rows(rows: int) -> int:
+    """The row count a oneDNN call of `rows` rows runs with: `rows` rounded up to a multiple of an eighth of
+    the power of two below it (9..16 exact, then 18, 20, .., 32, 36, ..). oneDNN builds a primitive for every
+    shape it meets (0.3-0.7 ms), and row counts change at every step; padded, they share a few dozen."""
+    if rows <= EXACT_ROWS:
+        return rows
+    step = 1 << (rows.bit_length() - 4)
+    return -(-rows // step) * step
+
+
 def onednn_bf16() -> bool:
     """Whether oneDNN has bfloat16 kernels on this CPU (AVX-512 BW/VL/DQ, AVX-NE-CONVERT or AMX): without
     them it refuses to pack or multiply bfloat16."""

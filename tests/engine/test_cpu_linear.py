@@ -80,7 +80,8 @@ def test_cpu_runner_packs_its_linears(tiny_model):
 
 
 def test_row_counts_are_padded_to_few_sizes_with_little_waste():
-    from engine.runner.cpu_linear import EXACT_ROWS, padded_rows, row_sizes
+    from engine.runner.cpu_linear import row_sizes
+    from pagedbatch_kernels.cpu.cpu_prefill import EXACT_ROWS, padded_rows
 
     assert [padded_rows(n) for n in range(1, EXACT_ROWS + 1)] == list(range(1, EXACT_ROWS + 1))
     previous = 0
