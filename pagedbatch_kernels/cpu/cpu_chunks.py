@@ -94,18 +94,20 @@ def plan_chunks(
     def positions(chunk):  # the context its scores cover: whole blocks
         return -(-chunk.lens[-1] // block_size) * block_size
 
-    def scores(members):
-        return len(members) * max(len(c.rows) for c in members) * max(positions(c) for c in members) * num_heads
-
-    left_out = [c for c in chunks if scores([c]) > SCORES_LIMIT]
-    batches, current = [], []
-    for chunk in sorted((c for c in chunks if scores([c]) <= SCORES_LIMIT), key=lambda c: (c.lens[-1], len(c.rows))):
-        trial = current + [chunk]
-        own = sum(len(c.rows) * positions(c) for c in trial) * num_heads
-        if current and (scores(trial) > SCORES_LIMIT or scores(trial) > MAX_PADDING * own):
+    left_out = [c for c in chunks if len(c.rows) * positions(c) * num_heads > SCORES_LIMIT]
+    kept = [c for c in chunks if len(c.rows) * positions(c) * num_heads <= SCORES_LIMIT]
+    # a batch's scores: its size x its most rows x its longest context; kept as running maxima and sums
+    # (a step admitting hundreds of chunks made the batch-by-batch recount quadratic)
+    batches, current, most_rows, most_positions, own = [], [], 0, 0, 0
+    for chunk in sorted(kept, key=lambda c: (c.lens[-1], len(c.rows))):
+        rows, width = len(chunk.rows), positions(chunk)
+        trial = (max(most_rows, rows), max(most_positions, width), own + rows * width)
+        scores = (len(current) + 1) * trial[0] * trial[1] * num_heads
+        if current and (scores > SCORES_LIMIT or scores > MAX_PADDING * trial[2] * num_heads):
             batches.append(current)
-            trial = [chunk]
-        current = trial
+            current, trial = [], (rows, width, rows * width)
+        current.append(chunk)
+        most_rows, most_positions, own = trial
     if current:
         batches.append(current)
     group = num_heads // num_kv_heads

@@ -102,6 +102,49 @@ def test_batches_respect_the_padding_and_scores_bounds(monkeypatch):
     assert [c.rows[0] for c in left_out] == [30] and len(batches) == 2
 
 
+def _batches_by_recount(chunks, num_heads, block_size):
+    """The batching rule written plainly: each chunk in context order joins the current batch unless the
+    batch with it would pass SCORES_LIMIT or MAX_PADDING times its chunks' own scores."""
+
+    def positions(c):
+        return -(-c.lens[-1] // block_size) * block_size
+
+    def scores(members):
+        return len(members) * max(len(c.rows) for c in members) * max(positions(c) for c in members) * num_heads
+
+    batches, current = [], []
+    for chunk in sorted(
+        (c for c in chunks if scores([c]) <= cpu_chunks.SCORES_LIMIT), key=lambda c: (c.lens[-1], len(c.rows))
+    ):
+        trial = current + [chunk]
+        own = sum(len(c.rows) * positions(c) for c in trial) * num_heads
+        if current and (scores(trial) > cpu_chunks.SCORES_LIMIT or scores(trial) > cpu_chunks.MAX_PADDING * own):
+            batches.append(current)
+            trial = [chunk]
+        current = trial
+    return [[c.rows[0] for c in batch] for batch in batches + [current] if batch]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_batches_are_those_of_the_plain_rule(monkeypatch, seed):
+    """The planner keeps running maxima and sums (a step of hundreds of chunks was quadratic): the batches
+    must be exactly those of the rule recounted batch by batch, at any mix of sizes and limits."""
+    gen = torch.Generator().manual_seed(seed)
+    chunks, start = [], 0
+    for _ in range(int(torch.randint(1, 300, (1,), generator=gen))):
+        q, context = int(torch.randint(2, 40, (1,), generator=gen)), int(torch.randint(1, 900, (1,), generator=gen))
+        chunks.append(cpu_chunks.Chunk(list(range(start, start + q)), [context + j for j in range(q)], [0]))
+        start += q
+    monkeypatch.setattr(cpu_chunks, "SCORES_LIMIT", int(torch.randint(20_000, 4_000_000, (1,), generator=gen)))
+    batches, left_out = cpu_chunks.plan_chunks(chunks, 4, 2, 16, "cpu")
+    got = [[b.rows[i, 0].item() for i in range(b.rows.shape[0])] for b in batches]
+    assert got == _batches_by_recount(chunks, 4, 16)
+    assert len(chunks) < 20 or len(got) > 1  # the bounds were met, not only the trivial batch
+    assert {c.rows[0] for c in left_out} == {
+        c.rows[0] for c in chunks if len(c.rows) * -(-c.lens[-1] // 16) * 16 * 4 > cpu_chunks.SCORES_LIMIT
+    }
+
+
 def test_each_row_sees_its_own_positions_only():
     """The mask: a chunk's first row sees one position less than its second, padded rows repeat the
     last one, and the rows of a shorter chunk in the batch stop at its own context."""
