@@ -1,7 +1,8 @@
 """A prompt's images through the model directory's own image processor (transformers' PIL
 implementation: torchvision is never needed), and its placeholders expanded as the family's
 transformers processor expands them: each image marker in the text becomes that image's run of image
-tokens, then the text is tokenized as usual and each run is located in the token ids."""
+tokens (in the token ids where a run is the marker's added token repeated: `tokenize`), then each run is
+located in the token ids."""
 
 from __future__ import annotations
 
@@ -113,6 +114,28 @@ class ImagePromptProcessor:
         merge = self.image_processor.merge_size
         return int(pixels["image_grid_thw"][0].prod()) // merge**2
 
+    def tokenize(self, tokenizer, text: str, items: list[ImageItem], add_special_tokens: bool) -> list[int]:
+        """The token ids of `text` with its image markers expanded, as `tokenizer(self.expand(text, items))`
+        gives them. Where an image's run is its marker's token repeated (LLaVA, Qwen2.5-VL) and that token
+        is an added token (which the tokenizer splits out before anything else, so its neighbours
+        tokenize alike however many there are), the text is tokenized with one marker per image and each
+        marker's id repeated: tokenizing runs of hundreds of placeholders was most of a request's preparation."""
+        if self.family == "gemma3" or self.marker not in _added_tokens(tokenizer):
+            return tokenizer(self.expand(text, items), add_special_tokens=add_special_tokens).input_ids
+        markers = text.count(self.marker)
+        if markers != len(items):
+            self.expand(text, items)  # raises its mismatch error
+        ids = tokenizer(text, add_special_tokens=add_special_tokens).input_ids
+        if ids.count(self.image_token_id) != len(items):  # a marker glued into another added token
+            return tokenizer(self.expand(text, items), add_special_tokens=add_special_tokens).input_ids
+        out, at = [], 0
+        for item in items:
+            found = ids.index(self.image_token_id, at)
+            out += ids[at:found]
+            out += [self.image_token_id] * item.length
+            at = found + 1
+        return out + ids[at:]
+
     def expand(self, text: str, items: list[ImageItem]) -> str:
         """The prompt text with each image marker replaced as the transformers processor does."""
         pieces = text.split(self.marker)
@@ -134,23 +157,33 @@ class ImagePromptProcessor:
 
     def locate(self, token_ids: list[int], items: list[ImageItem]) -> MultiModalPrompt:
         """Each image's placeholder run in the tokenized prompt, in order."""
-        positions = [i for i, t in enumerate(token_ids) if t == self.image_token_id]
-        if len(positions) != sum(item.length for item in items):
+        image, needed = self.image_token_id, sum(item.length for item in items)
+        found = token_ids.count(image)
+        if found != needed:
             raise ImageError(
                 "image_placeholder_mismatch",
-                f"the prompt holds {len(positions)} image tokens; its images need {sum(item.length for item in items)}",
+                f"the prompt holds {found} image tokens; its images need {needed}",
             )
         at = 0
         for item in items:
-            item.offset = positions[at]
-            if positions[at + item.length - 1] != item.offset + item.length - 1:
+            item.offset = token_ids.index(image, at)
+            at = item.offset + item.length
+            if token_ids[item.offset : at] != [image] * item.length:
                 raise ImageError("image_placeholder_mismatch", "an image's placeholder tokens are not contiguous")
-            at += item.length
         salt = hashlib.sha256(b"".join(item.hash for item in items)).digest() if items else b""
         prompt = MultiModalPrompt(items, salt, self.family in WHOLE_IMAGE_FAMILIES)
         if self.family == "qwen2_5_vl" and items:
             prompt.extra["mrope"] = prompt_positions(len(token_ids), items, self.image_processor.merge_size)
         return prompt
+
+
+def _added_tokens(tokenizer) -> set[str]:
+    """The tokenizer's added tokens' texts (cached on it: the set does not change)."""
+    added = getattr(tokenizer, "_pagedbatch_added_tokens", None)
+    if added is None:
+        added = {token.content for token in getattr(tokenizer, "added_tokens_decoder", {}).values()}
+        tokenizer._pagedbatch_added_tokens = added
+    return added
 
 
 def _load_image_processor(path: Path):

@@ -227,3 +227,34 @@ def test_each_prompt_prepared_once(tiny_model, monkeypatch):
     requests = [(prompt(arch, 1, f" question {i}"), [picture(50 + i)]) for i in range(3)]
     assert run(llm, requests) == [reference(path, text, images, TOKENS) for text, images in requests]
     assert len(calls) == 3
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_markers_expanded_in_tokens_as_in_text(tiny_model, arch):
+    """Where an image's run is its marker's token repeated, the prompt is tokenized with one marker per image
+    and the runs put in as ids: the same ids as tokenizing the expanded text (what transformers' processor
+    does), with the marker beside words, spaces, newlines and another marker; a count that does not match
+    the images is refused as before."""
+    from engine.multimodal.engine_requests import prompt_processor
+    from engine.multimodal.images import ImageError
+
+    llm = LLM(str(tiny_model(arch)), device="cpu", dtype="float32")
+    engine = llm.llm_engine
+    processor, tokenizer = prompt_processor(engine), engine.tokenizer
+    marker = IMAGE_MARKERS[arch]
+    items = processor.preprocess([picture(2, 48, 30), picture(3, 20, 36)])
+    texts = [
+        f"<|im_start|>user\n{marker}{marker}What is this?<|im_end|>\n",
+        f"Look: {marker} and then {marker}\n\n end",
+        f"{marker}\n{marker} ",
+        f"no space{marker}after{marker}",
+    ]
+    for text in texts:
+        for special in (True, False):
+            want = tokenizer(processor.expand(text, items), add_special_tokens=special).input_ids
+            assert processor.tokenize(tokenizer, text, items, special) == want, text
+    assert processor.tokenize(tokenizer, texts[0], items, False).count(processor.image_token_id) == sum(
+        item.length for item in items
+    )
+    with pytest.raises(ImageError, match="placeholders"):
+        processor.tokenize(tokenizer, f"only one {marker}", items, False)
