@@ -31,16 +31,6 @@ static inline void narrow(float x, uint16_t* out) {  // round to nearest even, a
     *out = uint16_t(bits >> 16);
 }
 
-// v rounded to bfloat16 (to nearest even, a NaN kept a NaN) as torch's float -> bfloat16, still float32.
-static inline vfloat round_bf16(vfloat v) {
-    vuint bits;
-    std::memcpy(&bits, &v, sizeof bits);
-    vuint rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
-    rounded = (bits & 0x7fffffffu) > 0x7f800000u ? (bits | 0x400000u) & 0xffff0000u : rounded;
-    vfloat out;
-    std::memcpy(&out, &rounded, sizeof out);
-    return out;
-}
 static inline vfloat round_to(vfloat v, const float*) { return v; }
 static inline vfloat round_to(vfloat v, const uint16_t*) { return round_bf16(v); }
 
@@ -129,16 +119,6 @@ static void rotary(const T* x, int64_t x_stride, const int64_t* positions, const
     }
 }
 
-// exp(x) for any float x within ~1 ulp: x = n ln 2 + y with n an integer (ln 2 in two parts, so that
-// n ln 2 is exact) and |y| <= ln 2 / 2, e^y by a degree-6 polynomial, times 2^n; 0 below -87, inf above
-// 88.7.
-static inline vfloat exp_any(vfloat x) {
-    vfloat c = x < -87.f ? splat(-87.f) : (x > 88.f ? splat(88.f) : x);
-    vfloat n = (c * 1.44269504f + ROUNDS) - ROUNDS;
-    vfloat e = exp_parts(n, (c - n * 0.693359375f) - n * -2.12194440e-4f);
-    e = x < -87.f ? vfloat{} : e;
-    return x > 88.7f ? splat(INFINITY) : e;
-}
 
 // out[r] = silu(x[r][:size]) * x[r][size:] for rows of 2 * size, float32 (a bfloat16 one ran slower
 // than torch's).

@@ -118,6 +118,28 @@ static inline vfloat exp_nonpositive(vfloat x) {
     return x < -87.f ? vfloat{} : exp_parts(n, (t - n) * 0.693147181f);
 }
 
+// exp(x) for any float x within ~1 ulp: x = n ln 2 + y with n an integer (ln 2 in two parts, so that
+// n ln 2 is exact) and |y| <= ln 2 / 2, e^y by a degree-6 polynomial, times 2^n; 0 below -87, inf above
+// 88.7.
+static inline vfloat exp_any(vfloat x) {
+    vfloat c = x < -87.f ? splat(-87.f) : (x > 88.f ? splat(88.f) : x);
+    vfloat n = (c * 1.44269504f + ROUNDS) - ROUNDS;
+    vfloat e = exp_parts(n, (c - n * 0.693359375f) - n * -2.12194440e-4f);
+    e = x < -87.f ? vfloat{} : e;
+    return x > 88.7f ? splat(INFINITY) : e;
+}
+
+// v rounded to bfloat16 (to nearest even, a NaN kept a NaN) as torch's float -> bfloat16, still float32.
+static inline vfloat round_bf16(vfloat v) {
+    vuint bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    vuint rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+    rounded = (bits & 0x7fffffffu) > 0x7f800000u ? (bits | 0x400000u) & 0xffff0000u : rounded;
+    vfloat out;
+    std::memcpy(&out, &rounded, sizeof out);
+    return out;
+}
+
 // cap * tanh(x / cap) (attention logit soft-capping): tanh(a) as (1 - e) / (1 + e) with e = exp(-2a),
 // a = |x / cap|; below 1/8, where that loses digits, by its Taylor series.
 static inline vfloat soft_cap(vfloat x, float cap) {
