@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.multimodal.families import WHOLE_IMAGE_FAMILIES, multimodal_family
 from engine.multimodal.images import ImageError, image_hash
 from engine.multimodal.mrope import prompt_positions
+
+RECENT_IMAGES = 64  # processor outputs kept by image hash (a job's repeated pictures)
 
 
 @dataclass
@@ -60,6 +63,7 @@ class ImagePromptProcessor:
         settings.pop("image_processor", None)
         self.settings = settings
         self._recent: dict[bytes, dict] = {}
+        self._recent_lock = threading.Lock()  # a worker's shard threads prepare requests at once
         self.image_processor = _load_image_processor(model_path)
         vocab = tokenizer.get_vocab()
         if self.family == "llava":
@@ -83,9 +87,10 @@ class ImagePromptProcessor:
             pixels = self._recent.get(key)
             if pixels is None:
                 pixels = dict(self.image_processor(images=[image], return_tensors="pt"))
-                self._recent[key] = pixels
-                while len(self._recent) > 64:
-                    self._recent.pop(next(iter(self._recent)))
+                with self._recent_lock:
+                    self._recent[key] = pixels
+                    while len(self._recent) > RECENT_IMAGES:
+                        self._recent.pop(next(iter(self._recent)))
             items.append(ImageItem(key, self._num_tokens(pixels), pixels))
         return items
 

@@ -6,6 +6,8 @@ with data URLs, limit_mm_per_prompt."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from engine import LLM, SamplingParams
@@ -258,3 +260,26 @@ def test_markers_expanded_in_tokens_as_in_text(tiny_model, arch):
     )
     with pytest.raises(ImageError, match="placeholders"):
         processor.tokenize(tokenizer, f"only one {marker}", items, False)
+
+
+def test_preprocess_from_many_threads(tiny_model, monkeypatch):
+    """A worker's shard threads prepare image requests at once: the processor's cache of recent images stays
+    within its bound and no thread trips over another's eviction."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from engine.multimodal import processor as processor_module
+    from engine.multimodal.engine_requests import prompt_processor
+
+    monkeypatch.setattr(processor_module, "RECENT_IMAGES", 2)
+    llm = LLM(str(tiny_model("qwen2.5-vl")), device="cpu", dtype="float32")
+    processor = prompt_processor(llm.llm_engine)
+    pictures = [picture(seed, 24 + seed % 3 * 8, 24) for seed in range(48)]
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between almost any two bytecodes: races show
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            lengths = list(pool.map(lambda image: processor.preprocess([image])[0].length, pictures * 3))
+    finally:
+        sys.setswitchinterval(switch)
+    assert lengths == [processor.preprocess([image])[0].length for image in pictures] * 3
+    assert len(processor._recent) <= 2
