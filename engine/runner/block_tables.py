@@ -46,7 +46,8 @@ class BlockTableRows:
                 array[i, written:n] = table[written:]
             rows[i] = (table, n)
             longest = max(longest, n)
-        return torch.from_numpy(np.ascontiguousarray(array[: len(seqs), :longest]))
+        # a copy even where the slice is contiguous (every row as wide as the buffer): the next step rewrites it
+        return torch.from_numpy(array[: len(seqs), :longest].copy())
 
     def _grow(self, num_rows: int, width: int) -> None:
         array = np.zeros((num_rows, width), dtype=np.int32)

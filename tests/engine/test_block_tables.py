@@ -60,3 +60,18 @@ def test_a_plan_with_kept_tables_equals_the_plan_from_lists():
         for a, b in pairs:
             assert a.dtype == b.dtype and torch.equal(a, b)
         assert inputs_a.max_seq_len == inputs_b.max_seq_len
+
+
+def test_a_step_tensor_is_its_own_even_at_the_buffers_width():
+    """A step's tables stay as they were when the next step rewrites the rows (as wide as the buffer, the
+    slice is contiguous: it was handed out as a view of the buffer)."""
+    seqs = [Sequence(i, str(i), 0, [1, 2, 3], SamplingParams()) for i in range(3)]
+    for i, s in enumerate(seqs):
+        s.block_table = [10 * i + j for j in range(4)]
+    rows = BlockTableRows(max_rows=3, width=4)
+    first = rows.tensor(seqs)
+    kept = first.clone()
+    for s in seqs:
+        s.block_table = [99, 98, 97, 96]  # released and regrown: the next step rewrites every row
+    assert torch.equal(rows.tensor(seqs), torch.full((3, 4), 0, dtype=torch.int32) + torch.tensor([99, 98, 97, 96]))
+    assert torch.equal(first, kept)
