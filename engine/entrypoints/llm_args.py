@@ -19,7 +19,6 @@ _NO_OPS = {
     "distributed_executor_backend": "tensor-parallel ranks are always processes (engine/parallel)",
     "compilation_config": "the engine compiles nothing beyond its Triton kernels",
     "download_dir": "hub models go to the Hugging Face cache",
-    "allowed_local_media_path": "the engine has no multimodal inputs",
 }
 
 # Accepted only with the value that means what this engine does; anything else is refused.
@@ -32,8 +31,12 @@ _ONLY = {
     "load_format": ("auto", "weights load from safetensors only"),
     "task": ("auto", "only text generation and embeddings (task='embed') are supported"),
     "speculative_config": (None, "speculative decoding is not supported"),
+    "allowed_local_media_path": (
+        "",
+        "images are not read from local files (file:// URLs); pass them as data: or http(s) URLs or PIL images",
+    ),
 }
-_EQUIVALENT = {"task": {"generate"}, "load_format": {"safetensors"}}
+_EQUIVALENT = {"task": {"generate"}, "load_format": {"safetensors"}, "allowed_local_media_path": {None}}
 
 ENGINE_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig)) - {"model"}
 

@@ -38,6 +38,7 @@ def test_common_vllm_constructor_arguments_are_accepted(model_dir, tmp_path):
         quantization=None,
         kv_cache_dtype="auto",
         task="generate",
+        allowed_local_media_path="",
     )
     assert llm.llm_engine.max_model_len == 128  # hf_overrides reached config.json
     out = llm.generate("Hello", SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
@@ -66,6 +67,7 @@ def test_seed_none_is_not_reproducible_but_a_seed_is(model_dir):
         (dict(max_logprobs=-3), "max_logprobs"),
         (dict(generation_config="/nonexistent"), "generation_config"),
         (dict(not_an_argument=1), "unknown LLM argument 'not_an_argument'"),
+        (dict(allowed_local_media_path="/srv/images"), "allowed_local_media_path='/srv/images' .*file://"),
     ],
 )
 def test_refused_arguments_name_themselves(model_dir, kwargs, message):
