@@ -18,7 +18,7 @@ def prompt_positions(length: int, images, merge_size: int) -> tuple[torch.Tensor
         text = item.offset - at
         pieces.append(torch.arange(text).expand(3, -1) + next_pos)
         next_pos += text
-        t, h, w = (int(v) for v in item.pixels["image_grid_thw"][0])
+        t, h, w = item.grid if item.grid is not None else (int(v) for v in item.pixels["image_grid_thw"][0])
         h, w = h // merge_size, w // merge_size
         grid = torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij")
         pieces.append(torch.stack(grid).reshape(3, -1) + next_pos)

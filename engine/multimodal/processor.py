@@ -12,6 +12,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from engine.multimodal.families import WHOLE_IMAGE_FAMILIES, multimodal_family
 from engine.multimodal.images import ImageError, image_hash
 from engine.multimodal.mrope import prompt_positions
@@ -23,8 +25,12 @@ RECENT_IMAGES = 64  # processor outputs kept by image hash (a job's repeated pic
 class ImageItem:
     hash: bytes
     length: int  # placeholder tokens in the prompt
-    pixels: dict  # the encoder's inputs for this image (pixel_values, and image_grid_thw for Qwen2.5-VL)
+    # the encoder's inputs for this image (pixel_values, and image_grid_thw for Qwen2.5-VL); None until
+    # `fill_pixels` makes them where the placeholder count is known from the image's size (Qwen2.5-VL)
+    pixels: dict | None
     offset: int = -1  # the first placeholder's position in the prompt, once located
+    grid: tuple[int, int, int] | None = None  # Qwen2.5-VL's patch grid (t, h, w), from the image's size
+    source: tuple | None = None  # (its ImagePromptProcessor, the image) while `pixels` is None
 
 
 @dataclass
@@ -80,19 +86,58 @@ class ImagePromptProcessor:
         self.image_token_id = vocab[self.image_token]
 
     def preprocess(self, images: list) -> list[ImageItem]:
-        """Each image's processor outputs and placeholder count (the last few images' kept by hash)."""
+        """Each image's processor outputs and placeholder count (the last few images' kept by hash). Qwen2.5-VL's
+        count follows from the image's size (its processor's resize rule): its pixels are made later, for a
+        step's new images together, and never for an image whose embeddings the encoder cache holds."""
         items = []
         for image in images:
             key = image_hash(image)
             pixels = self._recent.get(key)
+            if self.family == "qwen2_5_vl":
+                grid = self._grid(image)
+                length = grid[0] * grid[1] * grid[2] // self.image_processor.merge_size**2
+                items.append(ImageItem(key, length, pixels, grid=grid, source=None if pixels else (self, image)))
+                continue
             if pixels is None:
                 pixels = dict(self.image_processor(images=[image], return_tensors="pt"))
-                with self._recent_lock:
-                    self._recent[key] = pixels
-                    while len(self._recent) > RECENT_IMAGES:
-                        self._recent.pop(next(iter(self._recent)))
+                self._remember(key, pixels)
             items.append(ImageItem(key, self._num_tokens(pixels), pixels))
         return items
+
+    def _remember(self, key: bytes, pixels: dict) -> None:
+        with self._recent_lock:
+            self._recent[key] = pixels
+            while len(self._recent) > RECENT_IMAGES:
+                self._recent.pop(next(iter(self._recent)))
+
+    def _grid(self, image) -> tuple[int, int, int]:
+        """Qwen2.5-VL's patch grid of `image`, as its image processor resizes and patches it."""
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+        processor = self.image_processor
+        width, height = image.size
+        if processor.do_resize:
+            factor = processor.patch_size * processor.merge_size
+            size = processor.size
+            height, width = smart_resize(
+                height, width, factor, min_pixels=size.shortest_edge, max_pixels=size.longest_edge
+            )
+        return (1, height // processor.patch_size, width // processor.patch_size)
+
+    def _fill(self, items: list[ImageItem]) -> None:
+        """The pixels of `items` (Qwen2.5-VL, prepared without them) in one processor call."""
+        unique = list({item.hash: item for item in items}.values())
+        out = self.image_processor(images=[item.source[1] for item in unique], return_tensors="pt")
+        grids = out["image_grid_thw"]
+        rows = torch.split(out["pixel_values"], grids.prod(-1).tolist())
+        made = {}
+        for i, (item, patches) in enumerate(zip(unique, rows)):
+            if tuple(grids[i].tolist()) != item.grid:
+                raise RuntimeError(f"the image processor made a {tuple(grids[i].tolist())} grid, not {item.grid}")
+            made[item.hash] = {"pixel_values": patches, "image_grid_thw": grids[i : i + 1]}
+            self._remember(item.hash, made[item.hash])
+        for item in items:
+            item.pixels, item.source = made[item.hash], None
 
     def expand_tokens(self, token_ids: list[int], items: list[ImageItem]) -> list[int]:
         """Token ids whose image placeholders are already expanded, as they are; else each single
@@ -116,8 +161,7 @@ class ImagePromptProcessor:
             return (height // patch) * (width // patch) + extra - (strategy == "default")
         if self.family == "gemma3":
             return self.config.get("mm_tokens_per_image", 256)
-        merge = self.image_processor.merge_size
-        return int(pixels["image_grid_thw"][0].prod()) // merge**2
+        raise ValueError(f"no placeholder count from pixels for {self.family}")
 
     def tokenize(self, tokenizer, text: str, items: list[ImageItem], add_special_tokens: bool) -> list[int]:
         """The token ids of `text` with its image markers expanded, as `tokenizer(self.expand(text, items))`
@@ -180,6 +224,16 @@ class ImagePromptProcessor:
         if self.family == "qwen2_5_vl" and items:
             prompt.extra["mrope"] = prompt_positions(len(token_ids), items, self.image_processor.merge_size)
         return prompt
+
+
+def fill_pixels(items: list[ImageItem]) -> None:
+    """Make the pixels of the items prepared without them: one processor call for all of a processor's."""
+    groups: dict[int, tuple] = {}
+    for item in items:
+        if item.pixels is None:
+            groups.setdefault(id(item.source[0]), (item.source[0], []))[1].append(item)
+    for processor, group in groups.values():
+        processor._fill(group)
 
 
 def _added_tokens(tokenizer) -> set[str]:

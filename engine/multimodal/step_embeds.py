@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from engine.multimodal.encoder_cache import EncoderCache
+from engine.multimodal.processor import fill_pixels
 
 
 class StepEmbeds:
@@ -42,6 +43,7 @@ class StepEmbeds:
 
     def _encode(self, items, pinned) -> None:
         """Encode `items` in batches of same-shaped inputs under the encoder's token budget."""
+        fill_pixels(items)  # the step's new Qwen2.5-VL images through their processor at once
         groups: dict[tuple, list] = {}
         for item in items:
             groups.setdefault(self._shape_key(item), []).append(item)

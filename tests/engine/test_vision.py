@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+import torch
 
 from engine import LLM, SamplingParams
 from tests.helpers import assert_pool_free
@@ -183,8 +184,31 @@ def test_qwen_dynamic_resolution(tiny_model):
     ]
     assert run(llm, requests) == [reference(path, text, images, TOKENS) for text, images in requests]
     processor = llm.llm_engine._image_prompts
-    grids = [item.pixels["image_grid_thw"][0].tolist() for item in processor.preprocess([picture(40, 90, 70)])]
+    grids = [item.grid for item in processor.preprocess([picture(40, 90, 70)])]
     assert grids[0][1] * grids[0][2] * 16 <= 48 * 48  # within max_pixels (4-pixel patches)
+
+
+def test_qwen_pixels_made_per_step_equal_the_processors(tiny_model):
+    """Qwen2.5-VL's placeholder count comes from the image's size (the processor's resize rule) and its pixels
+    from one processor call for a step's new images: the same grids and pixel values as the processor gives
+    each image alone, at sizes that round up, round down, pass max_pixels and fall under min_pixels."""
+    from engine.multimodal.engine_requests import prompt_processor
+    from engine.multimodal.processor import fill_pixels
+
+    llm = LLM(str(tiny_model("qwen2.5-vl")), device="cpu", dtype="float32")
+    processor = prompt_processor(llm.llm_engine)
+    sizes = [(90, 70), (9, 11), (16, 60), (33, 33), (200, 31), (8, 8)]
+    images = [picture(50 + i, w, h) for i, (w, h) in enumerate(sizes)]
+    items = processor.preprocess(images + images[:2])  # the first two twice: one processing each
+    assert all(item.pixels is None for item in items)
+    fill_pixels(items)
+    for item, image in zip(items, images + images[:2]):
+        alone = processor.image_processor(images=[image], return_tensors="pt")
+        assert item.grid == tuple(alone["image_grid_thw"][0].tolist())
+        assert item.length == alone["image_grid_thw"][0].prod().item() // processor.image_processor.merge_size**2
+        assert torch.equal(item.pixels["pixel_values"], alone["pixel_values"])
+        assert torch.equal(item.pixels["image_grid_thw"], alone["image_grid_thw"])
+    assert processor.preprocess(images[:1])[0].pixels is items[0].pixels  # kept by hash for the next prompt
 
 
 def test_qwen_flat_checkpoint_config(tmp_path):
