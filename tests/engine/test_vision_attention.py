@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.models.vision.attention import batch_windows, varlen_attention
+from engine.models.vision.grid_index import precomputed
 
 
 def test_varlen_attention_matches_one_call_per_run():
@@ -47,4 +48,30 @@ def test_patched_tower_matches_transformers():
         expected = tower(pixels, grid_thw=grid).pooler_output
         batch_windows(tower)
         ours = tower(pixels, grid_thw=grid).pooler_output
+        indices = precomputed(grid, tower.spatial_merge_size, tower.window_size, tower.patch_size)
+        with_indices = tower(pixels, grid_thw=grid, **indices).pooler_output
     torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(with_indices, ours)
+
+
+def test_grid_indices_equal_the_helpers_over_the_whole_batch():
+    """The per-grid cache of Qwen2.5-VL's index tensors, offset into place, gives exactly what transformers'
+    helpers compute for the batch: grids that are and are not whole windows, repeated ones, a video-like
+    t > 1, and one image alone."""
+    from transformers import vision_utils
+
+    gen = torch.Generator().manual_seed(3)
+    batches = [torch.tensor([[1, 2, 2]]), torch.tensor([[2, 6, 10], [1, 8, 4], [1, 6, 10], [1, 2, 14]])]
+    for _ in range(20):
+        count = int(torch.randint(1, 12, (1,), generator=gen))
+        batches.append(
+            torch.cat([torch.ones(count, 1, dtype=torch.long), torch.randint(1, 12, (count, 2), generator=gen) * 2], 1)
+        )
+    for grid in batches:
+        for merge, window, patch in ((2, 16, 4), (2, 112, 14)):
+            got = precomputed(grid, merge, window, patch)
+            positions = vision_utils.get_vision_position_ids(grid, merge)
+            index, bounds = vision_utils.get_vision_window_index(grid, merge, window, patch)
+            assert torch.equal(got["position_ids"], positions)
+            assert torch.equal(got["window_index"], index)
+            assert torch.equal(got["cu_window_seqlens"], bounds) and got["cu_window_seqlens"].dtype == bounds.dtype

@@ -12,6 +12,7 @@ from safetensors import safe_open
 from torch import nn
 
 from engine.models.vision.attention import batch_windows
+from engine.models.vision.grid_index import precomputed
 from engine.models.vision.projectors import Gemma3Projector, LlavaProjector
 
 TOWER_PREFIXES = ("model.vision_tower.", "vision_tower.", "model.visual.", "visual.")
@@ -65,7 +66,9 @@ class VisionEncoder(nn.Module):
         pixel_values = pixels["pixel_values"]
         if self.family == "qwen2_5_vl":
             grid = pixels["image_grid_thw"]
-            out = self.tower(pixel_values, grid_thw=grid)
+            tower = self.tower
+            indices = precomputed(grid, tower.spatial_merge_size, tower.window_size, tower.patch_size)
+            out = tower(pixel_values, grid_thw=grid, **indices)
             merged = out.pooler_output if hasattr(out, "pooler_output") else out
             sizes = (grid.prod(-1) // self.tower.spatial_merge_size**2).tolist()
             return list(torch.split(merged, sizes))
