@@ -151,6 +151,7 @@ class ImagePromptProcessor:
         return out
 
     def _num_tokens(self, pixels: dict) -> int:
+        """LLaVA's and Gemma 3's placeholder count (Qwen2.5-VL's comes from its grid: `preprocess`)."""
         if self.family == "llava":
             height, width = pixels["pixel_values"].shape[-2:]
             patch = self.settings.get("patch_size") or self.config["vision_config"]["patch_size"]
@@ -159,9 +160,7 @@ class ImagePromptProcessor:
             )
             extra = self.settings.get("num_additional_image_tokens", 0)
             return (height // patch) * (width // patch) + extra - (strategy == "default")
-        if self.family == "gemma3":
-            return self.config.get("mm_tokens_per_image", 256)
-        raise ValueError(f"no placeholder count from pixels for {self.family}")
+        return self.config.get("mm_tokens_per_image", 256)  # Gemma 3
 
     def tokenize(self, tokenizer, text: str, items: list[ImageItem], add_special_tokens: bool) -> list[int]:
         """The token ids of `text` with its image markers expanded, as `tokenizer(self.expand(text, items))`
