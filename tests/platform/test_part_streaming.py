@@ -6,7 +6,6 @@ import multiprocessing
 import random
 import threading
 import time
-import tracemalloc
 import weakref
 from concurrent.futures import Future
 
@@ -18,6 +17,7 @@ from store.results.parts import results_store
 from tests.helpers import chat_line, jsonl, validated
 from tests.platform.test_shards import FakeWatcher
 from tests.rss import current_rss
+from tests.traced import traced_in_child
 from workers import shard_runner
 
 LINES = 400
@@ -87,16 +87,19 @@ def _one_shard_job(platform):
     return app.extensions["pagedbatch"].settings, job
 
 
-def test_a_shard_of_large_outputs_is_written_as_it_runs(platform, monkeypatch):
+def _shard_alone(settings, shard_id: str):
+    shard_runner.maybe_finalize = lambda *a: None  # measured apart: the shard alone
+    return settings, shard_id
+
+
+def _run_shard(state) -> str:
+    settings, shard_id = state
+    return shard_runner.run_shard(settings, LargeOutputHost(), FakeWatcher(), shard_id)
+
+
+def test_a_shard_of_large_outputs_is_written_as_it_runs(platform):
     settings, job = _one_shard_job(platform)
-    monkeypatch.setattr(shard_runner, "maybe_finalize", lambda *a: None)  # measured apart: the shard alone
-    tracemalloc.start()
-    try:
-        tracemalloc.reset_peak()
-        outcome = shard_runner.run_shard(settings, LargeOutputHost(), FakeWatcher(), f"{job['id']}.00000")
-        retained, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    outcome, retained, peak = traced_in_child(_shard_alone, _run_shard, settings, f"{job['id']}.00000")
     assert outcome == "done"
     maybe_finalize(settings, job["id"])
     total = LINES * OUTPUT_CHARS
