@@ -54,6 +54,19 @@ def reference(path, prompts, max_tokens, **load):
     return _reference_cache[key]
 
 
+def engine_greedy(path, requests) -> dict:
+    """{request id: token ids} of (request id, prompt, params) requests stepped through a fresh LLMEngine."""
+    from engine import LLMEngine
+
+    engine = LLMEngine(model=str(path))
+    for request_id, prompt, params in requests:
+        engine.add_request(request_id, prompt, params)
+    finished = {}
+    while engine.has_unfinished_requests():
+        finished.update({o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished})
+    return finished
+
+
 def hf_greedy(model, prompts, max_tokens) -> list[list[int]]:
     """A transformers model's greedy continuations of token-id `prompts`, one at a time (no padding), each
     exactly max_tokens[i] long (EOS ignored, as our side runs with ignore_eos)."""

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from engine import LLMEngine, SamplingParams
-from tests.helpers import assert_pool_free
+from tests.helpers import assert_pool_free, engine_greedy
 from workers.host.engine_host import EngineHost
 from workers.process import load_engine_factory
 
@@ -37,21 +37,14 @@ def test_load_builds_and_steps_the_engine_in_the_loop_thread_only(tiny_model):
     path = str(tiny_model("qwen3"))
     host = EngineHost(lambda: ThreadRecordingEngine(path))
     try:
-        prompts = [[1 + i, 2, 3 + i] for i in range(12)]
-        futures = host.submit_many(
-            [(f"r{i}", {"prompt_token_ids": p}, _greedy(3 + i % 4)) for i, p in enumerate(prompts)]
-        )
+        requests = [(f"r{i}", {"prompt_token_ids": [1 + i, 2, 3 + i]}, _greedy(3 + i % 4)) for i in range(12)]
+        futures = host.submit_many(requests)
         outputs = [f.result(timeout=120) for f in futures]
         engine = host.engine
         assert engine.built_in == "engine-loop" and engine.stepped_in == {"engine-loop"}
         assert threading.current_thread().name != "engine-loop"
 
-        reference = LLMEngine(model=path)
-        for i, p in enumerate(prompts):
-            reference.add_request(f"r{i}", {"prompt_token_ids": p}, _greedy(3 + i % 4))
-        expected = {}
-        while reference.has_unfinished_requests():
-            expected.update({o.request_id: o.outputs[0].token_ids for o in reference.step() if o.finished})
+        expected = engine_greedy(path, requests)
         assert {o.request_id: o.outputs[0].token_ids for o in outputs} == expected
         assert host.pending() == 0
         assert_pool_free(engine._engine)
