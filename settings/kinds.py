@@ -120,6 +120,11 @@ class WorkerSettings(EnvSettings):
     sweep_s: float = Field(10.0, ge=0, description="time between recovery sweeps (with jitter)")
     requeue_s: float = Field(60.0, ge=0, description="how often a queued shard's broker message is checked")
     max_shard_attempts: int = Field(5, ge=0, description="claims of one shard before its requests fail (0: no limit)")
+    engine_process: bool = Field(
+        False,
+        description="run the worker's engine in a process of its own (its loop never waits on the shard threads' "
+        "interpreter lock)",
+    )
     fair_share: bool = Field(True, description="share a worker's engine fairly between tenants")
     fair_reserve: int | None = Field(
         None, ge=0, description="engine slots kept for other tenants (default: a sixteenth of them, at least 1)"

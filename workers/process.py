@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import functools
-import importlib
 import sys
-from collections.abc import Callable
 
-from engine import LLMEngine
 from engine.runner.gc_heap import freeze_loaded_heap
-from settings import export, is_set
+from settings import WorkerSettings, current, export, is_set
 from store.filestore.storage_health import StorageCollector
 from store.settings import Settings
 from workers import tasks
@@ -17,25 +13,11 @@ from workers.cancel import CancelWatcher
 from workers.celery_app import make_celery
 from workers.disagg import roles as disagg
 from workers.host import lora_adapters
-from workers.host.engine_host import EngineHost
+from workers.host.engine_host import EngineHost, load_engine_factory
+from workers.host.engine_process import EngineProcess
 from workers.metrics.series import WorkerMetrics
 from workers.priority import BOOKKEEPING_NICE, lower_this_thread
 from workers.registration import Heartbeat, registration_for
-
-
-def load_engine_factory(spec: str | None) -> Callable[..., object]:
-    """`module:callable` -> that callable; None -> `engine.LLMEngine`.
-
-    The callable gets LLMEngine's keyword arguments (model=..., device=..., ...) and returns an
-    engine: LLMEngine itself, a subclass, or any object that satisfies `engine.core.contract.StepEngine`
-    (the host checks it when the engine is built).
-    """
-    if not spec:
-        return LLMEngine
-    module, sep, name = spec.partition(":")
-    if not (module and sep and name):
-        raise ValueError(f"bad engine factory {spec!r}; expected module:callable")
-    return functools.reduce(getattr, name.split("."), importlib.import_module(module))
 
 
 def celery_argv(queue: str, hostname: str, *, concurrency: int, loglevel: str) -> list[str]:
@@ -78,10 +60,15 @@ def run_worker(
     # pagedbatch_kernels.startup: ready for shards at once, the kernels compiled when the engine is first idle
     if not is_set("PAGEDBATCH_STARTUP"):
         export("PAGEDBATCH_STARTUP", "deferred")
-    factory = load_engine_factory(engine_factory)
-    host = EngineHost(lambda: factory(model=model_path, **engine_kwargs))
+    if role == "both" and current(WorkerSettings).engine_process:
+        host = EngineProcess(engine_factory, model_path, engine_kwargs)
+    else:
+        factory = load_engine_factory(engine_factory)
+        host = EngineHost(lambda: factory(model=model_path, **engine_kwargs))
     freeze_loaded_heap()  # the engine lives as long as this process: its objects need no more collecting
-    if bookkeeping_nice:  # every thread started from here on yields to the engine's
+    # every thread started from here on yields to the engine's; an engine in a process of its own keeps its
+    # interpreter lock to itself, and shard threads that yielded their CPU too would starve its batch
+    if bookkeeping_nice and not isinstance(host, EngineProcess):
         lower_this_thread(bookkeeping_nice)
     metrics = None
     if metrics_port is not None:
@@ -111,6 +98,7 @@ def run_worker(
     print(
         f"pagedbatch worker: model {model_name} from {model_path}, queue {queue}, role {role}, "
         f"engine loop thread {host.loop_thread_id}"
+        + (f" in engine process {host.engine_pid}" if isinstance(host, EngineProcess) else "")
         + (f", metrics on port {metrics_port}" if metrics_port is not None else ""),
         file=sys.stderr,
     )

@@ -17,11 +17,14 @@ built with scheduling_policy="priority" also gets each request's priority.
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import logging
 import os
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from concurrent.futures import Future
 
 from engine.core.contract import StepEngine, require_step_engine
@@ -355,6 +358,23 @@ class EngineHost:
         half = len(suspects) // 2
         with self._lock:
             self._suspects.extendleft([suspects[half:], suspects[:half]])
+
+
+def load_engine_factory(spec: str | None) -> Callable[..., object]:
+    """`module:callable` -> that callable; None -> `engine.LLMEngine`.
+
+    The callable gets LLMEngine's keyword arguments (model=..., device=..., ...) and returns an
+    engine: LLMEngine itself, a subclass, or any object that satisfies `engine.core.contract.StepEngine`
+    (the host checks it when the engine is built).
+    """
+    if not spec:
+        from engine import LLMEngine
+
+        return LLMEngine
+    module, sep, name = spec.partition(":")
+    if not (module and sep and name):
+        raise ValueError(f"bad engine factory {spec!r}; expected module:callable")
+    return functools.reduce(getattr, name.split("."), importlib.import_module(module))
 
 
 def _end_process(exc: BaseException) -> None:

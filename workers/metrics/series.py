@@ -93,8 +93,10 @@ class WorkerMetrics:
         self.registry.register(EngineCollector(host, self.model))
         host.observer = self
 
-    def step_done(self, outputs, seconds: float) -> None:
-        self.step_seconds.observe(seconds)
+    def step_done(self, outputs, seconds: float | None) -> None:
+        """A step's time (None: not a step, outputs that an engine process handed over)."""
+        if seconds is not None:
+            self.step_seconds.observe(seconds)
         for output in outputs:
             self._latencies(output)
             if not getattr(output, "finished", True):
