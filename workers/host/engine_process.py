@@ -260,7 +260,12 @@ def _child_main(conn, factory_spec, model: str, engine_kwargs: dict) -> None:
         kind = message[0]
         if kind == "submit":
             _, requests, tenant, weight, priority, deadline = message
-            futures = host.submit_many(requests, tenant, weight=weight, priority=priority, deadline=deadline)
+            try:
+                futures = host.submit_many(requests, tenant, weight=weight, priority=priority, deadline=deadline)
+            except Exception as exc:  # refused whole (an id still running here): each request fails
+                for request_id, _, _ in requests:
+                    outbox.put(("done", request_id, _picklable(exc), True))
+                continue
             for (request_id, _, _), future in zip(requests, futures):
                 future.add_done_callback(lambda f, rid=request_id: outbox.put(_outcome(rid, f)))
         elif kind == "abort":
