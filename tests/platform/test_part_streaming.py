@@ -14,7 +14,7 @@ from store.lifecycle.finalize import maybe_finalize
 from store.lifecycle.jobs import get_job
 from store.results.part_writer import ROW_GROUP_BYTES
 from store.results.parts import results_store
-from tests.helpers import chat_line, jsonl, validated
+from tests.helpers import chat_line, jsonl, validated, wait_until
 from tests.platform.test_shards import FakeWatcher
 from tests.rss import current_rss
 from tests.traced import traced_in_child
@@ -107,6 +107,8 @@ def test_a_shard_of_large_outputs_is_written_as_it_runs(platform):
     # (Row groups are bounded by their bytes, ROW_GROUP_BYTES: 16 of these rows.)
     # What stays allocated afterwards (first-time imports and caches when this test runs first) is not rows.
     assert peak - retained < total / 3, (peak, retained, total)
+    # finalized here or by a sweeper that found the job's shards all done first
+    wait_until(lambda: get_job(settings, "default", job["id"]).status != "finalizing", timeout=60, what="finalizing")
     final = get_job(settings, "default", job["id"])
     assert final.status == "completed" and final.request_completed == LINES
     lines = [json.loads(line) for line in results_store(settings).iter_output_jsonl(job["id"])]
