@@ -202,6 +202,15 @@ def spawn(cmd: list[str], log, **kwargs) -> subprocess.Popen:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, **kwargs)
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine import LLM, SamplingParams
-from tests.helpers import REPO, free_port, jsonl, spawn, wait_for, wait_for_log
+from tests.helpers import REPO, free_port, jsonl, process_alive, spawn, wait_for, wait_for_log
 from tests.platform.model_deployment import model_deployment
 
 MODEL = "tinyproc"
@@ -87,12 +87,4 @@ def test_a_job_runs_through_an_engine_process(deployment, tmp_path):
     finished = float(re.search(rf'pagedbatch_requests_finished_total{{model="{MODEL}"}} (\S+)', metrics).group(1))
     assert finished >= len(prompts)
     assert re.search(rf'pagedbatch_engine_step_seconds_count{{model="{MODEL}"}} ([1-9]\S*)', metrics)
-    assert not _alive(engine_pid), "the engine process outlived its worker"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
+    assert not process_alive(engine_pid), "the engine process outlived its worker"

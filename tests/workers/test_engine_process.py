@@ -12,7 +12,7 @@ import time
 import pytest
 
 from engine import LLMEngine, SamplingParams
-from tests.helpers import REPO, engine_greedy
+from tests.helpers import REPO, engine_greedy, process_alive
 from workers.host.engine_process import EngineProcess
 from workers.metrics.series import WorkerMetrics
 
@@ -97,15 +97,6 @@ def _script(model_path: str, body: str) -> list[str]:
     return [sys.executable, "-c", code + textwrap.dedent(body)]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split()[2] != "Z"
-
-
 def test_a_worker_whose_engine_process_dies_ends_too(model_path):
     env = {**os.environ, "PAGEDBATCH_STARTUP": "deferred"}
     body = "os.kill(host.engine_pid, signal.SIGKILL)\ntime.sleep(60)\nprint('still here')\n"
@@ -122,12 +113,12 @@ def test_the_engine_process_ends_with_its_worker(model_path):
     )
     try:
         engine_pid = int(worker.stdout.readline())
-        assert _alive(engine_pid)
+        assert process_alive(engine_pid)
         worker.send_signal(signal.SIGKILL)
         worker.wait(timeout=30)
         deadline = time.monotonic() + 30
-        while _alive(engine_pid) and time.monotonic() < deadline:
+        while process_alive(engine_pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not _alive(engine_pid)
+        assert not process_alive(engine_pid)
     finally:
         worker.kill()

@@ -37,24 +37,18 @@ class _Ready:
     load: object  # the engine's load when it was ready
 
 
-class _LastLoad:
-    """`host.engine.load()` for the metrics: the child's engine load as of its latest step."""
+class _Reported:
+    """What the child reports with each step, read here as the in-process host's are read: `host.engine.load()`
+    (the metrics' gauges) and `host.rates.snapshot()` (the heartbeat's step rates)."""
 
-    def __init__(self):
-        self.value = None
+    def __init__(self, load):
+        self.latest_load, self.latest_rates = load, {}
 
     def load(self):
-        return self.value
-
-
-class _Rates:
-    """`host.rates.snapshot()` for the heartbeat: the child's measured step rates, as of its latest step."""
-
-    def __init__(self):
-        self.value: dict = {}
+        return self.latest_load
 
     def snapshot(self) -> dict:
-        return dict(self.value)
+        return dict(self.latest_rates)
 
 
 class EngineProcess:
@@ -85,10 +79,8 @@ class EngineProcess:
         self.max_model_len = ready.max_model_len
         self.loop_thread_id = ready.loop_thread_id
         self.engine_pid = ready.pid
-        self._load = _LastLoad()
-        self._load.value = ready.load
-        self.engine = self._load  # what the metrics read of an engine: its load()
-        self.rates = _Rates()
+        self._reported = _Reported(ready.load)
+        self.engine = self.rates = self._reported  # what the metrics and the heartbeat read
         self.observer = None  # told of every step (workers.metrics.series.WorkerMetrics), when set
         self.remote_prefill = None  # disaggregated roles keep the engine in the worker's process
         self._futures: dict[str, Future] = {}
@@ -158,7 +150,7 @@ class EngineProcess:
             for kind, *rest in batch:
                 if kind == "step":
                     elapsed, load, rates = rest
-                    self._load.value, self.rates.value = load, rates
+                    self._reported.latest_load, self._reported.latest_rates = load, rates
                     if self.observer is not None:
                         self.observer.step_done((), elapsed)
                 elif kind == "failed":
@@ -211,12 +203,16 @@ class _Forwarder:
         self.outbox.put(("failed", _picklable(exc)))
 
 
-def _picklable(exc: BaseException) -> BaseException:
+def _pickles(obj) -> bool:
     try:
-        pickle.dumps(exc)
-        return exc
+        pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        return True
     except Exception:
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
+        return False
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    return exc if _pickles(exc) else RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
 def _die_with_parent() -> None:
@@ -245,11 +241,7 @@ def _child_main(conn, factory_spec, model: str, engine_kwargs: dict) -> None:
     freeze_loaded_heap()
     outbox: queue.SimpleQueue = queue.SimpleQueue()
     host.observer = _Forwarder(host, outbox)
-    tokenizer = host.tokenizer
-    try:
-        pickle.dumps(tokenizer)
-    except Exception:
-        tokenizer = None
+    tokenizer = host.tokenizer if _pickles(host.tokenizer) else None
     _send(conn, _Ready(tokenizer, host.max_model_len, host.loop_thread_id, os.getpid(), host.engine.load()))
     threading.Thread(target=_send_outbox, args=(conn, outbox), name="engine-outbox", daemon=True).start()
     while True:
@@ -284,13 +276,11 @@ def _outcome(request_id: str, future: Future) -> tuple:
 
 
 def _sendable(item: tuple) -> tuple:
-    try:
-        pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+    if _pickles(item):
         return item
-    except Exception as exc:
-        if item[0] != "done":
-            return ("failed", RuntimeError(f"a step report could not be sent: {exc}"))
-        return ("done", item[1], RuntimeError(f"the request's output could not be sent: {exc}"), True)
+    if item[0] != "done":
+        return ("failed", RuntimeError("a step report could not be pickled"))
+    return ("done", item[1], RuntimeError("the request's output could not be pickled"), True)
 
 
 def _send_outbox(conn, outbox: queue.SimpleQueue) -> None:
