@@ -1,6 +1,7 @@
 """The KV transfer path (engine/kv_transfer/wire.py, workers/disagg/kv_transport.py, workers/disagg/kv_zmq.py): bundles
 arrive whole or not at all, over function calls and over TCP."""
 
+import socket
 import time
 
 import pytest
@@ -157,11 +158,26 @@ def test_engine_to_engine_over_tcp(tiny_model):
         receiver.close()
 
 
+def wait_until_refused(address: str, timeout_s: float = 5.0) -> None:
+    """zmq closes a socket's listener on its I/O thread, after close() returns: a DEALER that connects
+    meanwhile is accepted and its sends queue into a pipe that then dies, as if the peer were alive."""
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, int(port)), timeout=0.5).close()
+        except ConnectionRefusedError:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{address} still accepts connections {timeout_s} s after its transport closed")
+
+
 def test_send_to_a_dead_endpoint_fails_fast_and_holds_nothing():
     sender = ZmqTransport(send_timeout_s=0.3, retry_after_s=30)
     receiver = ZmqTransport()
     address = receiver.address
-    receiver.close()  # nobody listens there any more
+    receiver.close()  # nobody listens there any more, once zmq's I/O thread has closed the listener
+    wait_until_refused(address)
     try:
         started = time.monotonic()
         with pytest.raises(ConnectionError, match="timed out"):
