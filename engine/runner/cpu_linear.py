@@ -68,7 +68,12 @@ class PackedLinear(nn.Module):
         return self._run(x, residual, "add", "")
 
     def _run(self, x, other, attr: str, algorithm: str) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(self.packed.dtype)
+        # each step down a small model's decode calls this a few hundred times: nothing is done that the
+        # call does not need (no reshape of 2-D rows, no cast to the same dtype, no slice without padding)
+        compute = self.packed.dtype
+        rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        if rows.dtype != compute:
+            rows = rows.to(compute)
         count = rows.shape[0]
         padded = padded_rows(count)
         if padded != count:
@@ -76,11 +81,17 @@ class PackedLinear(nn.Module):
         if other is None:
             out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, attr, [], algorithm)
         else:
-            other = other.reshape(-1, self.out_features).to(self.packed.dtype)
+            other = other.reshape(-1, self.out_features)
+            if other.dtype != compute:
+                other = other.to(compute)
             if padded != count:
                 other = F.pad(other, (0, 0, 0, padded - count))
             out = torch.ops.mkldnn._linear_pointwise.binary(rows, other.contiguous(), self.packed, self.bias, attr)
-        return out[:count].view(*x.shape[:-1], self.out_features).to(x.dtype)
+        if padded != count:
+            out = out[:count]
+        if x.dim() != 2:
+            out = out.view(*x.shape[:-1], self.out_features)
+        return out if out.dtype == x.dtype else out.to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
