@@ -110,3 +110,26 @@ def test_warming_builds_each_layer_shape_once_per_padded_size():
     pack_linears(model)
     assert warm_packed_linears(model, 100) == 3 * len(row_sizes(100))  # (16, 32, bias) twice: one shape
     assert warm_packed_linears(model, 100_000) == 3 * len(row_sizes(WARM_ROWS))
+
+
+@pytest.mark.parametrize("shape", [(16, 64), (37, 64), (3, 11, 64)])  # exact, padded (to 40), three dimensions
+@pytest.mark.parametrize("bf16_as_f32", [False, True])
+def test_fused_add_and_gelu_equal_their_plain_twins(shape, bf16_as_f32, monkeypatch):
+    from engine.runner import cpu_linear
+
+    dtype = torch.bfloat16 if bf16_as_f32 else torch.float32
+    if bf16_as_f32:
+        monkeypatch.setattr(cpu_linear, "onednn_bf16", lambda: False)
+    torch.manual_seed(len(shape) * 100 + shape[0])
+    linear = nn.Linear(64, 48).to(dtype)
+    packed = PackedLinear(linear)
+    x, residual = torch.randn(*shape, dtype=dtype), torch.randn(*shape[:-1], 48, dtype=dtype)
+    plain = F.linear(x.float(), linear.weight.float(), linear.bias.float())
+    tolerance = dict(rtol=2e-2, atol=2e-2) if bf16_as_f32 else dict(rtol=1e-5, atol=1e-5)
+    for got, want in (
+        (packed(x), plain),
+        (packed.forward_add(x, residual), residual.float() + plain),
+        (packed.forward_gelu(x, "tanh"), F.gelu(plain, approximate="tanh")),
+    ):
+        assert got.dtype == dtype and got.shape == (*shape[:-1], 48)
+        torch.testing.assert_close(got.float(), want, **tolerance)
