@@ -12,7 +12,7 @@ import time
 import pytest
 
 from engine import LLMEngine, SamplingParams
-from tests.helpers import REPO, engine_greedy, process_alive
+from tests.helpers import REPO, engine_greedy, process_alive, wait_until
 from workers.host.engine_process import EngineProcess
 from workers.metrics.series import WorkerMetrics
 
@@ -116,9 +116,6 @@ def test_the_engine_process_ends_with_its_worker(model_path):
         assert process_alive(engine_pid)
         worker.send_signal(signal.SIGKILL)
         worker.wait(timeout=30)
-        deadline = time.monotonic() + 30
-        while process_alive(engine_pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not process_alive(engine_pid)
+        wait_until(lambda: not process_alive(engine_pid), timeout=30, what="the engine process to end")
     finally:
         worker.kill()
