@@ -23,6 +23,17 @@ def freeze_loaded_heap() -> int:
     return gc.get_freeze_count()
 
 
+def freeze_what_startup_added() -> bool:
+    """In a process that froze its loaded heap (`freeze_loaded_heap`), freeze what start-up added since: a
+    worker's deferred kernel compile (the compiler's modules, a few hundred thousand objects), Celery's start,
+    the modules its first shards imported. Call it when no request is in flight, so that what it freezes
+    lives as long as the process; returns whether it froze anything."""
+    if not gc.get_freeze_count():
+        return False
+    freeze_loaded_heap()
+    return True
+
+
 @contextlib.contextmanager
 def frozen_heap():
     """Every object that exists on entry frozen for the block, collectible again after it. Where something

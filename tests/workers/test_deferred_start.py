@@ -4,6 +4,7 @@ STARTUP_IDLE_S, between requests; then serves the same tokens compiled."""
 
 from __future__ import annotations
 
+import gc
 import time
 
 import pytest
@@ -57,3 +58,50 @@ def test_other_starts_have_nothing_left_to_do(mode, monkeypatch):
 
     assert ModelRunner.finish_startup(object.__new__(ModelRunner)) is False
     assert startup.mode() == mode
+
+
+class StartupLoadingEngine:
+    """An engine whose deferred start leaves long-lived objects behind, as the kernel compiler's modules do."""
+
+    def __init__(self, path: str):
+        self._engine = LLMEngine(model=path, max_num_seqs=4)
+        self.loaded: list[list[int]] = []
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def finish_startup(self) -> bool:
+        self.loaded = [[i] for i in range(5000)]
+        return True
+
+
+def _unfrozen(objects) -> int:
+    """How many of `objects` the collector still walks (gc.get_objects leaves out the frozen ones)."""
+    walked = {id(o) for o in gc.get_objects()}
+    return sum(id(o) in walked for o in objects)
+
+
+@pytest.mark.parametrize("froze_at_load", [True, False])
+def test_what_the_idle_start_loaded_is_frozen_where_the_process_froze_its_heap(froze_at_load, tiny_model, monkeypatch):
+    monkeypatch.setattr(engine_host, "STARTUP_IDLE_S", 0.1)
+    path = str(tiny_model("qwen3"))
+    assert gc.get_freeze_count() == 0
+    if froze_at_load:
+        gc.freeze()  # as a worker does once its engine is loaded
+    host = EngineHost(lambda: StartupLoadingEngine(path))
+    try:
+        deadline = time.monotonic() + 60
+        while not (host.engine.loaded and host._startup_finished):
+            assert time.monotonic() < deadline, "the idle engine never finished its start"
+            time.sleep(0.05)
+        if froze_at_load:
+            while _unfrozen(host.engine.loaded):
+                assert time.monotonic() < deadline, "what the start loaded was never frozen"
+                time.sleep(0.1)
+        else:  # a process that manages its own heap (a notebook, `pagedbatch run`): nothing frozen behind its back
+            time.sleep(0.5)
+            assert gc.get_freeze_count() == 0
+            assert _unfrozen(host.engine.loaded) == len(host.engine.loaded)
+    finally:
+        host.close()
+        gc.unfreeze()
