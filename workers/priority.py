@@ -14,9 +14,26 @@ import logging
 import os
 import threading
 
+from settings import export, is_set
+
 log = logging.getLogger(__name__)
 
 BOOKKEEPING_NICE = 10
+# How long an idle OpenMP thread spins before it sleeps, in libgomp's busy-wait iterations: its default,
+# 300,000, is milliseconds; this is a fraction of one, longer than the gaps between a step's parallel regions.
+WORKER_OPENMP_SPINS = 20_000
+
+
+def shorten_openmp_spins(spins: int = WORKER_OPENMP_SPINS) -> bool:
+    """Before torch loads (libgomp reads it once): OpenMP threads spin `spins` iterations, not libgomp's
+    default, before they sleep. A worker shares its cores with its shard threads, the API and the database;
+    an engine thread waiting for the interpreter lock left its OpenMP threads spinning for milliseconds on
+    cores those needed (a third of the worker's CPU time on the tiny model, bench.platform). A value the
+    environment gives (GOMP_SPINCOUNT, or OMP_WAIT_POLICY) is left alone. Returns whether it set one."""
+    if is_set("GOMP_SPINCOUNT") or is_set("OMP_WAIT_POLICY"):
+        return False
+    export("GOMP_SPINCOUNT", str(spins))
+    return True
 
 
 def lower_this_thread(nice: int = BOOKKEEPING_NICE) -> int:

@@ -13,7 +13,7 @@ from pagedbatch.engine_options import add_engine_options, engine_kwargs, lora_mo
 from pagedbatch.failures import CliError, database_errors, usage_error
 from settings import WorkerSettings, current
 from store.logs import FORMATS, configure_logging
-from workers.priority import BOOKKEEPING_NICE
+from workers.priority import BOOKKEEPING_NICE, WORKER_OPENMP_SPINS, shorten_openmp_spins
 
 
 def settings_from(args, **overrides):
@@ -86,6 +86,8 @@ def _worker(args) -> int:
         model_directory(path, flag=f"--model {name}")
     checked_loras(args, 1)
     configure_logging(args.loglevel, args.log_format)
+    if shorten_openmp_spins():  # before torch loads
+        print(f"pagedbatch worker: OpenMP threads spin {WORKER_OPENMP_SPINS} iterations, then sleep", file=sys.stderr)
     from workers.process import run_worker
 
     run_worker(
