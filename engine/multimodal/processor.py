@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from engine.multimodal import qwen_pixels
 from engine.multimodal.families import WHOLE_IMAGE_FAMILIES, multimodal_family
 from engine.multimodal.images import ImageError, image_hash
 from engine.multimodal.mrope import prompt_positions
@@ -127,7 +128,10 @@ class ImagePromptProcessor:
     def _fill(self, items: list[ImageItem]) -> None:
         """The pixels of `items` (Qwen2.5-VL, prepared without them) in one processor call."""
         unique = list({item.hash: item for item in items}.values())
-        out = self.image_processor(images=[item.source[1] for item in unique], return_tensors="pt")
+        images = [item.source[1] for item in unique]
+        out = qwen_pixels.pixels(self.image_processor, images)
+        if out is None:
+            out = self.image_processor(images=images, return_tensors="pt")
         grids = out["image_grid_thw"]
         rows = torch.split(out["pixel_values"], grids.prod(-1).tolist())
         made = {}
