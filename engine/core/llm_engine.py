@@ -62,7 +62,7 @@ class LLMEngine:
         torch.manual_seed(self.config.seed)
         revision = cfg.tokenizer_revision or (cfg.revision if cfg.tokenizer is None else None)
         self._tokenizer_args = (cfg.tokenizer or str(self.model_config.path), cfg.tokenizer_mode, revision)
-        # decoding and token texts need no transformers; `tokenizer` (transformers') loads when first used
+        # decoding, token texts and text prompts' ids need no transformers; `tokenizer` (its) loads when first used
         self.decoding_tokenizer = decoding = decoding_tokenizer(*self._tokenizer_args)
         self.generation_config = read_generation_config(self.model_config.path, cfg.generation_config)
         self.default_sampling_values = default_sampling_values(
@@ -117,7 +117,7 @@ class LLMEngine:
 
     def tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
-            return prompt, encode_prompt(self.tokenizer, prompt)
+            return prompt, encode_prompt(self.decoding_tokenizer, prompt)
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             ids = prompt["prompt_token_ids"]
             vocab = self.model_config.vocab_size

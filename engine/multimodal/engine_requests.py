@@ -44,7 +44,7 @@ def prepare_request(engine, prompt, params):
         if not isinstance(text, str):
             raise ValueError("a prompt with multi_modal_data needs its 'prompt' text (or 'prompt_token_ids')")
         special = prompt.get("add_special_tokens", True)  # False: a rendered chat (its template holds them)
-        ids = processor.tokenize(engine.tokenizer, text, items, add_special_tokens=special)
+        ids = processor.tokenize(engine.decoding_tokenizer, text, items, add_special_tokens=special)
     if truncate_prompt(ids, params.truncate_prompt_tokens, engine.max_model_len) != ids:
         raise ImageError("image_prompt_truncated", "a prompt with images cannot be truncated")
     engine.check_request(ids, params)

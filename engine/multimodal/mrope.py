@@ -8,25 +8,28 @@ at their index plus the prompt's delta (its largest position + 1 - its length), 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
 def prompt_positions(length: int, images, merge_size: int) -> tuple[torch.Tensor, int]:
     """([3, length] positions of a prompt whose located `images` carry their grid, delta)."""
-    pieces, next_pos, at = [], 0, 0
+    positions = np.empty((3, length), dtype=np.int64)  # numpy: a few microseconds an image, not torch's ~50
+    next_pos, at = 0, 0
     for item in images:
         text = item.offset - at
-        pieces.append(torch.arange(text).expand(3, -1) + next_pos)
+        positions[:, at : item.offset] = np.arange(next_pos, next_pos + text)
         next_pos += text
         t, h, w = item.grid if item.grid is not None else (int(v) for v in item.pixels["image_grid_thw"][0])
         h, w = h // merge_size, w // merge_size
-        grid = torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij")
-        pieces.append(torch.stack(grid).reshape(3, -1) + next_pos)
+        grid = positions[:, item.offset : item.offset + t * h * w].reshape(3, t, h, w)
+        grid[0] = next_pos + np.arange(t)[:, None, None]
+        grid[1] = next_pos + np.arange(h)[None, :, None]
+        grid[2] = next_pos + np.arange(w)[None, None, :]
         next_pos += max(h, w)
         at = item.offset + item.length
-    pieces.append(torch.arange(length - at).expand(3, -1) + next_pos)
-    positions = torch.cat(pieces, dim=1)
-    return positions, int(positions.max()) + 1 - length
+    positions[:, at:] = np.arange(next_pos, next_pos + length - at)
+    return torch.from_numpy(positions), int(positions.max()) + 1 - length
 
 
 def step_positions(seqs, num_new_tokens, device) -> torch.Tensor | None:

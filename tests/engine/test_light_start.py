@@ -1,6 +1,7 @@
 """An engine starts without importing transformers or xgrammar (over a second between them): decoding and the
 EOS id go through the light tokenizer, generation_config.json is read directly, xgrammar waits for the first
-constrained request. What needs transformers' tokenizer (a text prompt) loads it then, with the same tokens."""
+constrained request. A text prompt is tokenized by the light tokenizer too, to transformers' tokens; what needs
+transformers' own tokenizer (`get_tokenizer`) loads it then."""
 
 from __future__ import annotations
 
@@ -21,10 +22,12 @@ greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 by_ids = llm.generate([{"prompt_token_ids": [5, 9, 17, 3]}], greedy)[0].outputs[0]
 heavy_after_ids = sorted(m for m in ("transformers", "xgrammar") if m in sys.modules)
 by_text = llm.generate(["hello world"], greedy)[0]
+heavy_after_text = sorted(m for m in ("transformers", "xgrammar") if m in sys.modules)
 hf = llm.get_tokenizer()
 print(json.dumps({
     "heavy_at_start": heavy_at_start,
     "heavy_after_ids": heavy_after_ids,
+    "heavy_after_text": heavy_after_text,
     "text_matches": by_ids.text == hf.decode(list(by_ids.token_ids)),
     "prompt_ids": list(by_text.prompt_token_ids) == hf("hello world").input_ids,
     "hf_class": type(hf).__module__.split(".")[0],
@@ -33,13 +36,14 @@ print(json.dumps({
 """
 
 
-def test_engine_starts_without_transformers_then_loads_it_for_text(tiny_model):
+def test_engine_starts_and_tokenizes_text_without_transformers(tiny_model):
     path = tiny_model("qwen3")
     done = subprocess.run([sys.executable, "-c", PROBE, str(path)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["heavy_at_start"] == []
     assert result["heavy_after_ids"] == []
+    assert result["heavy_after_text"] == []
     assert result["text_matches"] and result["prompt_ids"]
     assert result["hf_class"] == "transformers"
     assert result["eos"][0] == result["eos"][1] is not None
