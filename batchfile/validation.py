@@ -4,6 +4,7 @@ prompt is tokenized."""
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -49,6 +50,8 @@ from batchfile.sampling import OPENAI_BOUNDS, RequestBounds, check_output_budget
 from engine.params.sampling_params import SamplingParams
 
 MAX_CUSTOM_ID_LENGTH = 512
+SHARED_PARAMS = 256  # distinct generation settings kept per input (a file has a handful)
+SHARED_KEY_CHARS = 2048
 
 
 @dataclass
@@ -130,6 +133,9 @@ class LineValidator:
         self.bounds = bounds
         self.strict_model = strict_model
         self.seen: set[str] = set()
+        # lines with equal generation fields share one checked SamplingParams (most of a file's lines do;
+        # building and checking one was a third of validating a line); only `finish` changes one, on a copy
+        self._params: dict[str, SamplingParams] = {}
 
     def check_line(self, line: int, content: bytes | None, max_line_bytes: int) -> Pending | LineError:
         """Everything but the prompt's length; `content` None means the line was too long."""
@@ -187,16 +193,27 @@ class LineValidator:
         options, tools = _shape_options(body, CHAT_URL if echo is not None else url, params)
         if echo is not None:
             options["responses"] = echo
-        try:
-            sampling = SamplingParams(**params)
-        except (ValueError, TypeError) as e:
-            raise InvalidLine(INVALID_PARAMETER, str(e)) from None
+        sampling = self._sampling_params(params)
         completion_options.check_bias_ids(sampling.logit_bias, limits.vocab_size)
         pending = Pending(
             line, custom_id, url, limits, raw_body, sampling, explicit, bounds=self.bounds, options=options, tools=tools
         )
         _read_prompt(pending, body)
         return pending
+
+    def _sampling_params(self, params: dict) -> SamplingParams:
+        key = repr(params)  # JSON values: equal reprs, equal fields (1 and 1.0 and True differ)
+        sampling = self._params.get(key)
+        if sampling is None:
+            try:
+                sampling = SamplingParams(**params)
+            except (ValueError, TypeError) as e:
+                raise InvalidLine(INVALID_PARAMETER, str(e)) from None
+            if len(key) <= SHARED_KEY_CHARS:  # a line's own long lists (allowed_token_ids) are not kept
+                if len(self._params) >= SHARED_PARAMS:
+                    self._params.clear()
+                self._params[key] = sampling
+        return sampling
 
     def _model(self, name) -> ModelLimits:
         if self.forced is not None:
@@ -312,6 +329,7 @@ def _fit_context(pending: Pending, ids: list[int]) -> None:
             "which must also fit at least one generated token",
         )
     if sampling.max_tokens is None:
+        sampling = pending.sampling = copy.copy(sampling)  # shared with other lines: this line's own
         sampling.max_tokens = limit - n
         if sampling.min_tokens > sampling.max_tokens:
             raise InvalidLine(

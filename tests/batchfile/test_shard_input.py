@@ -1,4 +1,5 @@
-"""Shard-input lines read back by a worker: lines with equal sampling parameters share one `SamplingParams`."""
+"""Lines with equal sampling parameters share one `SamplingParams`: shard-input lines read back by a worker, and
+lines being validated (where a chat line without max_tokens still gets its own)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,38 @@ def test_lines_with_equal_parameters_share_them_and_others_do_not(limits):
     assert not any(same[0][j] for j in (2, 3, 5)) and not same[3][5] and not same[2][5]
     assert len(shared) == 4
     assert alone[0].sampling_params is not alone[1].sampling_params  # no cache: one object per line
+
+
+def parsed(limits, bodies, url="/v1/completions"):
+    text = "".join(
+        json.dumps({"custom_id": f"r{i}", "method": "POST", "url": url, "body": body}) + "\n"
+        for i, body in enumerate(bodies)
+    )
+    return list(parse_requests(io.BytesIO(text.encode()), {"tiny": limits}))
+
+
+def test_validation_shares_equal_parameters_and_gives_each_chat_default_its_own(limits):
+    greedy = {"model": "tiny", "prompt": "Hello", "max_tokens": 5, "temperature": 0}
+    items = parsed(limits, [greedy, {**greedy, "prompt": "Another"}, {**greedy, "max_tokens": 1.0}])
+    assert items[0].sampling_params is items[1].sampling_params  # equal fields: one checked object
+    assert items[0].sampling_params.max_tokens == 5
+    assert getattr(items[2], "code", None) == "invalid_parameter"  # 1.0 is not the integer 1: not shared with it
+    chat = {"model": "tiny", "temperature": 0}
+    short, long = [{"role": "user", "content": "Hi"}], [{"role": "user", "content": "Hello there " * 20}]
+    a, b, c = parsed(
+        limits,
+        [{**chat, "messages": short}, {**chat, "messages": long}, {**chat, "messages": short}],
+        url="/v1/chat/completions",
+    )
+    # no max_tokens: each line gets the rest of the context after its own prompt, on its own copy
+    room = limits.max_model_len
+    assert a.sampling_params.max_tokens == room - len(a.prompt_token_ids)
+    assert b.sampling_params.max_tokens == room - len(b.prompt_token_ids) < a.sampling_params.max_tokens
+    assert c.sampling_params.max_tokens == a.sampling_params.max_tokens
+    assert a.sampling_params is not b.sampling_params
+
+
+def test_bad_parameters_fail_every_line_that_has_them(limits):
+    bad = {"model": "tiny", "prompt": "Hello", "max_tokens": 5, "temperature": 7}
+    items = parsed(limits, [bad, {**bad, "prompt": "Again"}, {**bad, "temperature": 0}])
+    assert [getattr(item, "code", None) for item in items] == ["invalid_parameter", "invalid_parameter", None]
