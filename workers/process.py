@@ -13,7 +13,8 @@ from workers.cancel import CancelWatcher
 from workers.celery_app import make_celery
 from workers.disagg import roles as disagg
 from workers.host import lora_adapters
-from workers.host.engine_host import EngineHost, load_engine_factory
+from workers.host.engine_factory import load_engine_factory
+from workers.host.engine_host import EngineHost
 from workers.host.engine_process import EngineProcess
 from workers.metrics.series import WorkerMetrics
 from workers.priority import BOOKKEEPING_NICE, lower_this_thread

@@ -21,18 +21,41 @@ def _admit_all(fair: FairShare, running: Counter) -> list[str]:
     return admitted
 
 
-def test_a_tenant_alone_leaves_the_reserve_and_a_newcomer_takes_it():
+def test_a_tenant_alone_borrows_the_reserve_and_gives_it_back_to_a_newcomer():
     fair = FairShare(capacity=8, reserve=2)
     for i in range(100):
         fair.push("a", f"a{i}")
     running = Counter()
-    assert _admit_all(fair, running) == ["a"] * 6
+    assert _admit_all(fair, running) == ["a"] * 8  # alone: the whole engine
+    assert fair.to_reclaim(running, 8) is None  # nobody waits for the reserve
     for i in range(4):
         fair.push("b", f"b{i}")
-    assert _admit_all(fair, running) == ["b", "b"]  # at once, in the reserve
+    assert _admit_all(fair, running) == []  # full
+    assert fair.to_reclaim(running, 8) == ("a", 2)  # the two borrowed places go back at once
+    running["a"] -= 2
+    fair.push("a", "a6", front=True)
+    fair.push("a", "a7", front=True)
+    assert _admit_all(fair, running) == ["b", "b"]
+    assert fair.to_reclaim(running, 8) is None  # b holds its reserve now: a borrows nothing more
     running["a"] -= 2  # two of A's finish: B, holding fewer, comes first
     assert _admit_all(fair, running) == ["b", "b"]
-    assert fair.waiting() == 94
+    running["b"] -= 4  # B is done: A alone again borrows the reserve, its given-back requests first
+    picked = []
+    while (found := fair.next(running, sum(running.values()))) is not None:
+        running[found[0]] += 1
+        picked.append(found[1])
+    assert picked[:2] == ["a7", "a6"] and len(picked) == 4 and sum(running.values()) == 8
+    assert fair.waiting() == 90
+
+
+def test_a_newcomer_with_one_request_takes_back_one_place_and_a_reserve_of_zero_none():
+    fair = FairShare(capacity=8, reserve=2)
+    running = Counter(a=8)
+    fair.push("b", "b0")
+    assert fair.to_reclaim(running, 8) == ("a", 1)
+    assert FairShare(capacity=8, reserve=0).to_reclaim(Counter(a=8), 8) is None
+    assert FairShare(capacity=8, reserve=2, enabled=False).to_reclaim(running, 8) is None
+    assert fair.to_reclaim(Counter(a=6, c=2), 8) is None  # a holds no borrowed place
 
 
 def test_weights_skew_the_share():
@@ -122,24 +145,33 @@ def test_a_small_job_of_another_tenant_is_not_stuck_behind_a_large_one(tiny_mode
     assert max(fair.index("b0"), fair.index("b1")) < 2  # fair share: in the reserve at once, done first
 
 
-def test_the_host_admits_a_tenants_requests_by_job_priority(tiny_model, monkeypatch):
+def test_given_back_requests_run_again_to_the_same_tokens(tiny_model, monkeypatch):
+    """A tenant alone fills the engine (the reserve too); a newcomer takes the borrowed places back at once,
+    and the requests that gave them up start again from their prompt: every output complete and the same."""
     monkeypatch.setenv("PAGEDBATCH_FAIR_SHARE", "1")
-    host = EngineHost(lambda: LLMEngine(model=str(tiny_model("qwen3")), max_num_seqs=1))  # one at a time
+    monkeypatch.setenv("PAGEDBATCH_FAIR_RESERVE", "2")
+    path = str(tiny_model("qwen3"))
+    long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+    short = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    a_requests = [(f"a{i}", {"prompt_token_ids": [1, 2, 3 + i]}, long) for i in range(10)]
+    host = EngineHost(lambda: LLMEngine(model=path, max_num_seqs=8))
+    stepping: list[int] = []  # requests in each step
+    counted = host._fair.stepped
+    host._fair.stepped = lambda seconds, paused, count=0: (stepping.append(count), counted(seconds, paused, count))
     try:
+        alone = [f.result(timeout=300).outputs[0].token_ids for f in host.submit_many(a_requests, "a")]
+        assert max(stepping) == 8  # alone: all 8 places, the reserve too
+        stepping.clear()
+        futures = host.submit_many([(f"x{i}", *a[1:]) for i, a in enumerate(a_requests)], "a")
+        wait_until(lambda: 8 in stepping, timeout=60, poll=0.002)
         order: list[str] = []
-        params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-
-        def submit(tag: str, priority: int, count: int = 2):
-            batch = [(f"{tag}{i}", {"prompt_token_ids": [1, 2, 3 + i]}, params) for i in range(count)]
-            futures = host.submit_many(batch, "a", weight=2, priority=priority)
-            for future in futures:
-                future.add_done_callback(lambda f: order.append(f.result().request_id))
-            return futures
-
-        futures = submit("first", -100, 1) + submit("late", 5) + submit("urgent", -1) + submit("plain", 0)
-        for future in futures:
-            future.result(timeout=120)
-        wait_until(lambda: len(order) == len(futures), 10, what="the last done-callback")  # runs after result()
-        assert order == ["first0", "urgent0", "urgent1", "plain0", "plain1", "late0", "late1"]
+        b = host.submit_many([(f"b{i}", {"prompt_token_ids": [4, 5, 6 + i]}, short) for i in range(2)], "b")
+        for future in futures + b:
+            future.add_done_callback(lambda f: order.append(f.result().request_id))
+        shared = [f.result(timeout=300).outputs[0].token_ids for f in futures]
+        for future in b:
+            future.result(timeout=300)
     finally:
         host.close()
+    assert order[:2] in (["b0", "b1"], ["b1", "b0"])  # given the borrowed places at once, done first
+    assert shared == alone and all(len(tokens) == 200 for tokens in shared)

@@ -17,14 +17,11 @@ built with scheduling_policy="priority" also gets each request's priority.
 from __future__ import annotations
 
 import contextlib
-import functools
-import importlib
 import logging
 import os
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
 from concurrent.futures import Future
 
 from engine.core.contract import StepEngine, require_step_engine
@@ -52,7 +49,7 @@ class EngineHost:
         self.idle_wait_s = idle_wait_s
         self._futures: dict[str, Future] = {}
         self._requests: dict[str, tuple] = {}  # request id -> (prompt, params, priority), to run it again
-        self._in_engine: set[str] = set()
+        self._in_engine: dict[str, None] = {}  # an ordered set: the latest admitted last
         self._held: list[str] = []  # submitted while a failure is being isolated
         self._tenant_of: dict[str, str] = {}
         self._fair = FairShare(enabled=False)  # set once the engine is loaded (its capacity)
@@ -152,7 +149,7 @@ class EngineHost:
                 self._requests.pop(request_id, None)
                 self._tenant_of.pop(request_id, None)
                 in_engine = request_id in self._in_engine
-                self._in_engine.discard(request_id)
+                self._in_engine.pop(request_id, None)
             if future is None:
                 continue
             if in_engine and self.remote_prefill is not None:
@@ -180,27 +177,43 @@ class EngineHost:
     def _isolating(self) -> bool:
         return self._group is not None or bool(self._suspects)
 
-    def _admit(self) -> None:
-        """Fair share: move waiting requests into the engine while it has room (not while isolating)."""
+    def _admit(self) -> Counter | None:
+        """Fair share: move waiting requests into the engine while it has room (not while isolating). Returns
+        how many requests each tenant has in the engine then (None while isolating)."""
         with self._lock:
             if self._isolating():
-                return
+                return None
             running = Counter(self._tenant_of.get(rid) for rid in self._in_engine)
+            if self.remote_prefill is None and (reclaim := self._fair.to_reclaim(running, len(self._in_engine))):
+                running[reclaim[0]] -= self._give_back(*reclaim)
             while (picked := self._fair.next(running, len(self._in_engine))) is not None:
                 tenant, request_id = picked
                 if request_id in self._futures:  # else aborted while it waited
                     self._add(request_id)
                     running[tenant] += request_id in self._in_engine
+            return running
 
-    def _pause(self) -> tuple[bool, int]:
-        """Fair share's time slicing: tell the engine whose requests sit out the next step. Returns whether
-        some do for a smaller tenant's sake, and how many requests step."""
+    def _give_back(self, tenant: str, count: int) -> int:
+        """Take the latest `count` of `tenant`'s requests out of the engine (their work so far is dropped) to
+        wait first in its queue again: the reserve it borrowed while alone, for a newcomer. Returns how many."""
+        latest = [rid for rid in reversed(self._in_engine) if self._tenant_of.get(rid) == tenant][:count]
+        for request_id in latest:
+            del self._in_engine[request_id]
+            self.engine.abort_request(request_id)
+            self._fair.push(tenant, request_id, self._requests[request_id][2], front=True)
+        return len(latest)
+
+    def _pause(self, running: Counter | None) -> tuple[bool, int]:
+        """Fair share's time slicing: tell the engine whose requests sit out the next step. `running`: each
+        tenant's requests in the engine, as `_admit` left them (None while isolating). Returns whether some sit
+        out for a smaller tenant's sake, and how many requests step. Each step pays for this: nothing is counted
+        or listed that the answer does not need."""
         with self._lock:
             tenants, split = set(), set()
-            if not self._isolating():
-                tenants = self._fair.to_pause(Counter(self._tenant_of.get(rid) for rid in self._in_engine))
-            ids = [rid for rid in self._in_engine if self._tenant_of.get(rid) in tenants]
-            if not self._isolating() and self._fair.step_factor > 0:
+            if running is not None and not self._isolating():
+                tenants = self._fair.to_pause(running)
+            ids = [rid for rid in self._in_engine if self._tenant_of.get(rid) in tenants] if tenants else []
+            if not self._isolating() and self._fair.may_split():
                 stepping: dict[str, list[str]] = {}
                 for rid in self._in_engine:
                     if (tenant := self._tenant_of.get(rid)) not in tenants:
@@ -226,7 +239,7 @@ class EngineHost:
         """Put a known request into the engine (under the lock); a rejected one fails alone."""
         prompt, params, priority, prepared = self._requests[request_id]
         if self.remote_prefill is not None and self.remote_prefill.start(request_id, prompt, params, self._prefilled):
-            self._in_engine.add(request_id)  # it holds a place while its KV is made elsewhere
+            self._in_engine[request_id] = None  # it holds a place while its KV is made elsewhere
             return
         self._add_local(request_id, prompt, params, priority, prepared)
 
@@ -244,7 +257,7 @@ class EngineHost:
                 log.warning("KV of %s not imported (%s); prefilling it here", request_id, exc)
             finally:
                 self._wake.set()
-            self._in_engine.discard(request_id)
+            self._in_engine.pop(request_id, None)
             self._add_local(request_id, prompt, params, priority, prepared)
 
     def _add_local(self, request_id: str, prompt, params, priority: int = 0, prepared=None) -> None:
@@ -263,19 +276,19 @@ class EngineHost:
             self._tenant_of.pop(request_id, None)
             self._futures.pop(request_id).set_exception(exc)
             return
-        self._in_engine.add(request_id)
+        self._in_engine[request_id] = None
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             self._advance_isolation()
-            self._admit()
+            running = self._admit()
             if not self.engine.has_unfinished_requests():
                 self._finish_startup_when_idle()
                 self._wake.wait(self.idle_wait_s)
                 self._wake.clear()
                 continue
             self._idle_since = None
-            paused, stepping = self._pause()
+            paused, stepping = self._pause(running)
             started = time.perf_counter()
             try:
                 outputs = self.engine.step()
@@ -298,7 +311,7 @@ class EngineHost:
                     future = self._futures.pop(output.request_id, None)
                     self._requests.pop(output.request_id, None)
                     self._tenant_of.pop(output.request_id, None)
-                    self._in_engine.discard(output.request_id)
+                    self._in_engine.pop(output.request_id, None)
                 if future is not None:
                     future.set_result(output)
 
@@ -322,7 +335,7 @@ class EngineHost:
     def _advance_isolation(self) -> None:
         with self._lock:
             if self._group is not None:
-                self._group &= self._in_engine
+                self._group &= self._in_engine.keys()
                 if self._group:
                     return  # the current suspects are still running
                 self._group = None
@@ -330,7 +343,7 @@ class EngineHost:
                 group = [rid for rid in self._suspects.popleft() if rid in self._futures]
                 for request_id in group:
                     self._add(request_id)
-                self._group = set(group) & self._in_engine or None
+                self._group = set(group) & self._in_engine.keys() or None
             if self._group is None and self._held:  # every suspect is cleared: back to normal
                 held, self._held = self._held, []
                 for request_id in held:
@@ -363,23 +376,6 @@ class EngineHost:
         half = len(suspects) // 2
         with self._lock:
             self._suspects.extendleft([suspects[half:], suspects[:half]])
-
-
-def load_engine_factory(spec: str | None) -> Callable[..., object]:
-    """`module:callable` -> that callable; None -> `engine.LLMEngine`.
-
-    The callable gets LLMEngine's keyword arguments (model=..., device=..., ...) and returns an
-    engine: LLMEngine itself, a subclass, or any object that satisfies `engine.core.contract.StepEngine`
-    (the host checks it when the engine is built).
-    """
-    if not spec:
-        from engine import LLMEngine
-
-        return LLMEngine
-    module, sep, name = spec.partition(":")
-    if not (module and sep and name):
-        raise ValueError(f"bad engine factory {spec!r}; expected module:callable")
-    return functools.reduce(getattr, name.split("."), importlib.import_module(module))
 
 
 def _end_process(exc: BaseException) -> None:

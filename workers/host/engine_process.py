@@ -230,7 +230,8 @@ def _child_main(conn, factory_spec, model: str, engine_kwargs: dict) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from engine.runner.gc_heap import freeze_loaded_heap
-    from workers.host.engine_host import EngineHost, load_engine_factory
+    from workers.host.engine_factory import load_engine_factory
+    from workers.host.engine_host import EngineHost
 
     try:
         factory = load_engine_factory(factory_spec)
