@@ -157,7 +157,10 @@ def test_given_back_requests_run_again_to_the_same_tokens(tiny_model, monkeypatc
     host = EngineHost(lambda: LLMEngine(model=path, max_num_seqs=8))
     stepping: list[int] = []  # requests in each step
     counted = host._fair.stepped
-    host._fair.stepped = lambda seconds, paused, count=0: (stepping.append(count), counted(seconds, paused, count))
+    host._fair.stepped = lambda seconds, paused, count=0, prompts=0: (
+        stepping.append(count),
+        counted(seconds, paused, count, prompts),
+    )
     try:
         alone = [f.result(timeout=300).outputs[0].token_ids for f in host.submit_many(a_requests, "a")]
         assert max(stepping) == 8  # alone: all 8 places, the reserve too

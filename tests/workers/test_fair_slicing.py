@@ -116,10 +116,11 @@ def test_a_big_tenants_requests_step_in_rotating_windows_sized_by_measured_costs
     assert all(len(w) == 10 for w in windows)  # the window less B's two
     assert windows[0] == {f"a{i:03d}" for i in range(10)} and windows[1] == {f"a{i:03d}" for i in range(10, 20)}
     assert set().union(*windows) == set(stepping["a"])  # in turn, every request steps
+    assert fair.to_split({"a": stepping["a"]}) == set()  # a tenant alone: nobody gains from its windows
     cheap = FairShare(capacity=256, reserve=16, step_factor=4)  # a GPU: more requests cost little more
     cheap.stepped(0.010, paused=False, stepping=4)
     cheap.stepped(0.012, paused=False, stepping=240)
-    assert cheap.window() > 256 and cheap.to_split({"a": [f"a{i}" for i in range(240)]}) == set()
+    assert cheap.window() > 256 and cheap.to_split({"a": [f"a{i}" for i in range(240)], "b": ["b0"]}) == set()
     off = FairShare(step_factor=0)
     off.stepped(0.002, paused=False, stepping=4)
     off.stepped(0.102, paused=False, stepping=200)
@@ -128,11 +129,14 @@ def test_a_big_tenants_requests_step_in_rotating_windows_sized_by_measured_costs
 
 def test_windows_bound_the_engines_batches_and_keep_the_outputs(tiny_model, monkeypatch):
     monkeypatch.setenv("PAGEDBATCH_FAIR_SHARE", "1")
+    monkeypatch.setenv("PAGEDBATCH_FAIR_SLICE", "0")  # no pausing: the windows alone shape the steps
     path = str(tiny_model("qwen3"))
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     requests = [(f"a{i}", {"prompt_token_ids": [1, 2, 3 + i]}, params) for i in range(32)]
+    long = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
+    newcomer = [("b0", {"prompt_token_ids": [4, 5, 6]}, long)]
 
-    def run(window: int | None) -> tuple[dict, list[int]]:
+    def run(window: int | None, others: list) -> tuple[dict, list[int]]:
         monkeypatch.setattr(FairShare, "window", lambda self: window)  # sizes fixed, not measured
         engine = LLMEngine(model=path, max_num_seqs=64)  # a tenant holding more than 16 is big
         sizes = []
@@ -146,14 +150,31 @@ def test_windows_bound_the_engines_batches_and_keep_the_outputs(tiny_model, monk
         engine.scheduler.schedule = recording_schedule
         host = EngineHost(lambda: engine)
         try:
-            futures = host.submit_many(requests, "a")
-            return {f.result(timeout=120).request_id: f.result().outputs[0].token_ids for f in futures}, sizes
+            futures = host.submit_many(others, "b") if others else []
+            futures += host.submit_many(requests, "a")
+            outputs = {f.result(timeout=120).request_id: f.result().outputs[0].token_ids for f in futures}
+            return {rid: tokens for rid, tokens in outputs.items() if rid.startswith("a")}, sizes
         finally:
             host.close()
 
-    whole, whole_sizes = run(None)
-    windowed, sizes = run(8)
-    assert max(whole_sizes) == 32
-    assert sizes[:8] == [8] * 8  # while A holds more than 16 requests, each step holds one window of them
-    assert max(sizes) <= 16  # once it holds no more than a quarter of the engine, its steps are whole
-    assert windowed == whole  # a request that sat steps out resumes with the same tokens
+    whole, whole_sizes = run(None, newcomer)
+    alone, alone_sizes = run(8, [])
+    windowed, sizes = run(8, newcomer)
+    assert max(whole_sizes) == 33 and max(alone_sizes) == 32  # no window, or a tenant alone: whole steps
+    assert sizes[1:9] == [8] * 8  # beside B, while A holds more than 16 requests, each step holds one window
+    assert max(sizes[1:]) <= 17  # once A holds no more than a quarter of the engine, its steps are whole
+    assert windowed == whole == alone  # a request that sat steps out resumes with the same tokens
+
+
+def test_only_big_steps_of_decodes_measure_a_requests_cost():
+    """A step of prompts, or of a few requests, says little of what one more decoding request costs: measured
+    from them (a prompt step right after a job's tail of small steps) the window had shrunk to 10 of 256."""
+    fair = FairShare(capacity=256, reserve=16, step_factor=4)
+    fair.stepped(0.002, paused=False, stepping=16)  # the fixed cost
+    fair.stepped(0.200, paused=False, stepping=256, prompt_tokens=2_560)  # a step of prompts
+    fair.stepped(0.010, paused=False, stepping=40)  # a step of a few requests
+    shared = {"a": [f"a{i}" for i in range(255)], "b": ["b0"]}
+    assert fair.window() is None and fair.to_split(shared) == set()
+    fair.stepped(0.0048, paused=False, stepping=256)  # decodes: 2.8 ms for 256 requests beyond the fixed cost
+    assert fair.window() == int(3 * 0.002 / (0.0028 / 256)) > 256
+    assert fair.to_split(shared) == set()

@@ -213,7 +213,7 @@ class EngineHost:
             if running is not None and not self._isolating():
                 tenants = self._fair.to_pause(running)
             ids = [rid for rid in self._in_engine if self._tenant_of.get(rid) in tenants] if tenants else []
-            if not self._isolating() and self._fair.may_split():
+            if running is not None and not self._isolating() and self._fair.may_split(running):
                 stepping: dict[str, list[str]] = {}
                 for rid in self._in_engine:
                     if (tenant := self._tenant_of.get(rid)) not in tenants:
@@ -300,8 +300,7 @@ class EngineHost:
                 self._step_failed(exc)
                 continue
             elapsed = time.perf_counter() - started
-            self._fair.stepped(elapsed, paused, stepping)
-            self.rates.observe(self.engine, elapsed)
+            self._fair.stepped(elapsed, paused, stepping, self.rates.observe(self.engine, elapsed))
             if self.observer is not None:
                 self.observer.step_done(outputs, elapsed)
             for output in outputs:

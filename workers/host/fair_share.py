@@ -23,14 +23,16 @@ PAGEDBATCH_FAIR_SLICE (default 1, 0 turns pausing off) seconds of paused steppin
 unpaused stepping, at most PAGEDBATCH_FAIR_BURST_S (default 0.5) saved up. The big tenants thus keep at
 least 1/(1 + slice) of the engine's time, whatever the small ones send.
 
-A step is never interrupted, so a newcomer also waits for the step under way, which where a step's cost
-grows with its batch (a small model on CPU) can last several times the newcomer's whole job. So the
-requests of a big tenant (holding more than a quarter of the engine) step in a rotating window sized to make
-a step last about PAGEDBATCH_FAIR_STEP_FACTOR (default 4; 0 turns it off) times the engine's fixed cost per
-step, both measured (the smoothed duration of small steps, and the cost of each request more); the others
-keep their KV and sit the step out. Each window pays the fixed cost again, so at most about 1/factor of the
-big tenants' throughput goes, for a newcomer's wait bounded by about `factor` fixed costs. Where a step's
-cost hardly grows with its batch (a GPU, a big model) the window exceeds the engine: nothing is split.
+A step is never interrupted, so a newcomer waits for each step it shares, which where a step's cost grows
+with its batch (a small model on CPU) can last several times the newcomer's whole job. So while another
+tenant's requests are in the engine, the requests of a big tenant (holding more than a quarter of the
+engine) step in a rotating window sized to make a step last about PAGEDBATCH_FAIR_STEP_FACTOR (default 4;
+0 turns it off) times the engine's fixed cost per step, both measured (the smoothed duration of small steps
+of decodes, and the cost of each request more, from big steps of decodes); the others keep their KV and sit
+the step out. Each window pays the fixed cost again, so at most about 1/factor of the big tenants'
+throughput goes, for a newcomer's steps bounded by about `factor` fixed costs (its first waits for the step
+under way). A tenant alone is never split: nobody would gain. Where a step's cost hardly grows with its
+batch (a GPU, a big model) the window exceeds the engine: nothing is split.
 """
 
 from __future__ import annotations
@@ -159,16 +161,17 @@ class FairShare:
             return None
         return max(1, int((self.step_factor - 1) * self._fixed_s / self._per_request_s))
 
-    def may_split(self) -> bool:
-        """Whether `to_split` may split a step (else the host need not list who steps)."""
-        return self.enabled and self.window() is not None
+    def may_split(self, running: Counter) -> bool:
+        """Whether `to_split` may split a step with `running` in the engine (else the host need not list who
+        steps): a window is measured and more than one tenant is there."""
+        return self.enabled and self.window() is not None and sum(1 for n in running.values() if n) > 1
 
     def to_split(self, stepping: dict[str, list[str]]) -> set[str]:
         """Of the requests about to step ({tenant: request ids}), those of big tenants outside this step's
         window (see the module's docstring): they sit the step out."""
         self._split = False
         window = self.window()
-        if not self.enabled or window is None:
+        if not self.enabled or window is None or len(stepping) < 2:  # a tenant alone is never split
             return set()
         big = sorted(rid for ids in stepping.values() if len(ids) > self.big for rid in ids)
         room = max(1, window - sum(len(ids) for ids in stepping.values() if len(ids) <= self.big))
@@ -179,18 +182,21 @@ class FairShare:
         self._split = True
         return set(big) - {big[(start + k) % len(big)] for k in range(room)}
 
-    def stepped(self, seconds: float, paused: bool, stepping: int = 0) -> None:
+    def stepped(self, seconds: float, paused: bool, stepping: int = 0, prompt_tokens: int = 0) -> None:
         """Account one engine step of `stepping` requests: a paused one spends saved time, an unpaused one earns
-        it; with a step factor, its duration refines the costs that size the windows."""
+        it; with a step factor, its duration refines the costs that size the windows. Only steps of decodes
+        (no `prompt_tokens`) measure them, and a request's cost only from a big step: a prompt's tokens, or the
+        noise of a step of a few requests spread over each, had measured requests at ten times their cost, and
+        windows of 10 of 256 requests (each window's steps then measured the same way) cut a tenant's throughput."""
         if paused:
             self._credit -= seconds
         else:
             self._credit = min(self.burst_s, self._credit + seconds * self.slice_ratio)
-        if self.step_factor <= 0 or seconds <= 0 or stepping <= 0:
+        if self.step_factor <= 0 or seconds <= 0 or stepping <= 0 or prompt_tokens:
             return
         if stepping <= self.reserve and not self._split:  # a small step: mostly the fixed cost
             self._fixed_s = _smoothed(self._fixed_s, seconds)
-        elif self._fixed_s:
+        elif self._fixed_s and stepping > self.big:
             self._per_request_s = _smoothed(self._per_request_s, max(seconds - self._fixed_s, 0.0) / stepping)
 
 

@@ -24,8 +24,8 @@ class StepRates:
         self.busy_s = 0.0
         self.pool: dict = {}  # the KV pool's shape: blocks, block size, sequences per step
 
-    def observe(self, engine, seconds: float) -> None:
-        """One engine step of `engine` took `seconds`."""
+    def observe(self, engine, seconds: float) -> int:
+        """One engine step of `engine` took `seconds`; returns its prompt tokens (0: a step of decodes only)."""
         stats = engine.stats
         tokens, seqs = stats.get("tokens", 0), stats.get("batched_seqs", 0)
         if not self.pool:
@@ -39,13 +39,14 @@ class StepRates:
         p = max(0, tokens - self._last[0] - d)
         self._last = (tokens, seqs)
         if p == 0 and d == 0:
-            return
+            return 0
         terms = {"n": 1, "p": p, "d": d, "y": seconds, "pp": p * p, "pd": p * d, "dd": d * d}
         terms |= {"py": p * seconds, "dy": d * seconds}
         with self._lock:
             self.busy_s += seconds
             for name, value in terms.items():
                 self._sums[name] = self._sums[name] * DECAY + value
+        return p
 
     def snapshot(self) -> dict:
         with self._lock:
