@@ -127,7 +127,9 @@ class WorkerSettings(EnvSettings):
     )
     fair_share: bool = Field(True, description="share a worker's engine fairly between tenants")
     fair_reserve: int | None = Field(
-        None, ge=0, description="engine slots kept for other tenants (default: a sixteenth of them, at least 1)"
+        None,
+        ge=0,
+        description="engine slots kept for other tenants, lent to a tenant alone (default: a sixteenth, at least 1)",
     )
     fair_slice: float = Field(1.0, ge=0, description="a tenant's time slice, relative")
     fair_burst_s: float = Field(0.5, ge=0, description="at most this much of a tenant's share saved up")
