@@ -48,6 +48,18 @@ def test_a_tenant_alone_borrows_the_reserve_and_gives_it_back_to_a_newcomer():
     assert fair.waiting() == 90
 
 
+def test_a_host_that_cannot_give_places_back_lends_none():
+    fair = FairShare(capacity=8, reserve=2)
+    for i in range(10):
+        fair.push("a", f"a{i}")
+    running = Counter()
+    while (picked := fair.next(running, sum(running.values()), lend=False)) is not None:
+        running[picked[0]] += 1
+    assert running["a"] == 6  # the reserve stays free (a disaggregated decode worker's remote prefills)
+    fair.push("b", "b0")
+    assert fair.next(running, 6, lend=False)[0] == "b"
+
+
 def test_a_newcomer_with_one_request_takes_back_one_place_and_a_reserve_of_zero_none():
     fair = FairShare(capacity=8, reserve=2)
     running = Counter(a=8)

@@ -184,9 +184,10 @@ class EngineHost:
             if self._isolating():
                 return None
             running = Counter(self._tenant_of.get(rid) for rid in self._in_engine)
-            if self.remote_prefill is None and (reclaim := self._fair.to_reclaim(running, len(self._in_engine))):
+            lend = self.remote_prefill is None  # a request whose KV is made elsewhere is not given back
+            if lend and (reclaim := self._fair.to_reclaim(running, len(self._in_engine))):
                 running[reclaim[0]] -= self._give_back(*reclaim)
-            while (picked := self._fair.next(running, len(self._in_engine))) is not None:
+            while (picked := self._fair.next(running, len(self._in_engine), lend)) is not None:
                 tenant, request_id = picked
                 if request_id in self._futures:  # else aborted while it waited
                     self._add(request_id)

@@ -104,17 +104,18 @@ class FairShare:
     def waiting(self) -> int:
         return sum(len(q) for q in self._queues.values())
 
-    def next(self, running: Counter, in_engine: int) -> tuple[str, str] | None:
+    def next(self, running: Counter, in_engine: int, lend: bool = True) -> tuple[str, str] | None:
         """(tenant, request id) to put into the engine now, taken off its queue; None: no room or none waiting.
 
-        `running` counts each tenant's requests in the engine, `in_engine` all of them."""
+        `running` counts each tenant's requests in the engine, `in_engine` all of them. `lend`: a tenant alone
+        may borrow the reserve (the caller gives it back with `to_reclaim`)."""
         tenants = [t for t, q in self._queues.items() if q]
         if not tenants or in_engine >= self.capacity:
             return None
         tenant = min(tenants, key=lambda t: running[t] / self.weights.get(t, 1.0))
         others = [n for t, n in running.items() if t != tenant and n]
         holds_most = running[tenant] > 0 and (not others or running[tenant] >= max(others))
-        alone = not others and len(tenants) == 1  # it borrows the reserve until another tenant comes
+        alone = lend and not others and len(tenants) == 1  # it borrows the reserve until another tenant comes
         if in_engine >= self.capacity - self.reserve and holds_most and not alone:
             return None  # the reserve is for a tenant that holds less
         queue = self._queues[tenant]
