@@ -51,7 +51,7 @@ from engine.params.sampling_params import SamplingParams
 
 MAX_CUSTOM_ID_LENGTH = 512
 SHARED_PARAMS = 256  # distinct generation settings kept per input (a file has a handful)
-SHARED_KEY_CHARS = 2048
+SHARED_KEY_CHARS = 2048  # longer settings (a line's own token lists) are checked for that line alone
 
 
 @dataclass
@@ -209,7 +209,7 @@ class LineValidator:
                 sampling = SamplingParams(**params)
             except (ValueError, TypeError) as e:
                 raise InvalidLine(INVALID_PARAMETER, str(e)) from None
-            if len(key) <= SHARED_KEY_CHARS:  # a line's own long lists (allowed_token_ids) are not kept
+            if len(key) <= SHARED_KEY_CHARS:
                 if len(self._params) >= SHARED_PARAMS:
                     self._params.clear()
                 self._params[key] = sampling

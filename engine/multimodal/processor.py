@@ -113,17 +113,9 @@ class ImagePromptProcessor:
 
     def _grid(self, image) -> tuple[int, int, int]:
         """Qwen2.5-VL's patch grid of `image`, as its image processor resizes and patches it."""
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
-
-        processor = self.image_processor
-        width, height = image.size
-        if processor.do_resize:
-            factor = processor.patch_size * processor.merge_size
-            size = processor.size
-            height, width = smart_resize(
-                height, width, factor, min_pixels=size.shortest_edge, max_pixels=size.longest_edge
-            )
-        return (1, height // processor.patch_size, width // processor.patch_size)
+        width, height = qwen_pixels.resized_size(self.image_processor, image)
+        patch = self.image_processor.patch_size
+        return (1, height // patch, width // patch)
 
     def _fill(self, items: list[ImageItem]) -> None:
         """The pixels of `items` (Qwen2.5-VL, prepared without them) in one processor call."""

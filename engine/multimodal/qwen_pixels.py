@@ -25,7 +25,7 @@ def pixels(processor, images: list) -> dict | None:
         return None
     table = _table(processor)
     patch, merge, temporal = processor.patch_size, processor.merge_size, processor.temporal_patch_size
-    sizes = [_resized_size(processor, image) for image in images]
+    sizes = [resized_size(processor, image) for image in images]
     if any(height % (patch * merge) or width % (patch * merge) for width, height in sizes):
         return None  # not resized to whole patches: the processor's own error
     grids = [(1, height // patch, width // patch) for width, height in sizes]
@@ -65,7 +65,7 @@ def _resized(processor, images, sizes):
 
 def _mirrors(processor, images) -> bool:
     """Whether the processor's settings are the ones this path computes (the checkpoints' own are)."""
-    if type(processor).__name__ not in ("Qwen2VLImageProcessorPil", "Qwen2VLImageProcessor"):
+    if type(processor).__name__ != "Qwen2VLImageProcessorPil":  # the torchvision one resizes otherwise
         return False
     if processor.image_mean is None or processor.image_std is None:
         return False
@@ -74,7 +74,8 @@ def _mirrors(processor, images) -> bool:
     return all(getattr(image, "mode", None) == "RGB" for image in images)
 
 
-def _resized_size(processor, image) -> tuple[int, int]:
+def resized_size(processor, image) -> tuple[int, int]:
+    """(width, height) of `image` after the processor's resize rule (transformers' `smart_resize`)."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
     width, height = image.size

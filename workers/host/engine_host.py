@@ -211,10 +211,11 @@ class EngineHost:
         or listed that the answer does not need."""
         with self._lock:
             tenants, split = set(), set()
-            if running is not None and not self._isolating():
+            sharing = running is not None and not self._isolating()
+            if sharing:
                 tenants = self._fair.to_pause(running)
             ids = [rid for rid in self._in_engine if self._tenant_of.get(rid) in tenants] if tenants else []
-            if running is not None and not self._isolating() and self._fair.may_split(running):
+            if sharing and self._fair.may_split(running):
                 stepping: dict[str, list[str]] = {}
                 for rid in self._in_engine:
                     if (tenant := self._tenant_of.get(rid)) not in tenants:
